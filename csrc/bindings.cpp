@@ -1,0 +1,274 @@
+// File: bindings.cpp
+//
+// The thin pybind11 layer over the C++ core. The Python facade (src/embstore/table.py)
+// normalises arguments (dtypes, contiguity, defaults) and raises the user-facing errors;
+// this file re-checks only what memory safety needs (dtype, ndim, shape, contiguity,
+// writability), collects raw pointers while holding the GIL, then releases the GIL for the
+// whole computation. No Python object is touched while the GIL is released.
+#include <pybind11/numpy.h>    // py::array, py::array_t
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>      // std::vector, std::string conversions
+
+#include <cstdint>  // uint64_t, int64_t
+#include <memory>   // std::shared_ptr
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+#include "embstore/errors.hpp"       // CapacityError
+#include "embstore/table.hpp"        // Table, lookup_sum_many, apply_gradients_many
+#include "embstore/thread_pool.hpp"  // ThreadPool
+
+namespace py = pybind11;
+using embstore::PoolMode;
+using embstore::Table;
+
+namespace {
+
+// Returns a's data after checking dtype T, C-contiguity, shape and (if asked) writability.
+// rows / cols of -1 are not checked; cols == 0 means "1-D".
+template <typename T>
+T* checked_data(const py::array& a, const char* name, py::ssize_t rows, py::ssize_t cols,
+                bool writable) {
+  if (!py::isinstance<py::array_t<T>>(a)) {
+    throw py::type_error(std::string(name) + ": expected dtype " +
+                         std::string(py::str(py::dtype::of<T>())) + ", got " +
+                         std::string(py::str(a.dtype())));
+  }
+  const py::ssize_t ndim = cols == 0 ? 1 : 2;
+  if (a.ndim() != ndim) {
+    throw py::value_error(std::string(name) + ": expected a " + std::to_string(ndim) +
+                          "-D array, got " + std::to_string(a.ndim()) + "-D");
+  }
+  if (!(a.flags() & py::array::c_style)) {
+    throw py::value_error(std::string(name) + ": array must be C-contiguous");
+  }
+  if ((rows >= 0 && a.shape(0) != rows) || (cols > 0 && a.shape(1) != cols)) {
+    throw py::value_error(std::string(name) + ": wrong shape");
+  }
+  if (writable && !a.writeable()) {
+    throw py::value_error(std::string(name) + ": array must be writeable");
+  }
+  return static_cast<T*>(const_cast<void*>(a.data()));
+}
+
+const uint64_t* keys_data(const py::array& keys) {
+  return checked_data<uint64_t>(keys, "keys", -1, 0, false);
+}
+
+const float* optional_weights(const py::object& weights, py::ssize_t n) {
+  if (weights.is_none()) return nullptr;
+  return checked_data<float>(weights.cast<py::array>(), "weights", n, 0, false);
+}
+
+const int64_t* optional_offsets(const py::object& offsets, py::ssize_t& num_bags) {
+  if (offsets.is_none()) return nullptr;
+  py::array a = offsets.cast<py::array>();
+  const int64_t* data = checked_data<int64_t>(a, "offsets", -1, 0, false);
+  if (a.shape(0) < 1) throw py::value_error("offsets: must hold at least one element");
+  num_bags = a.shape(0) - 1;
+  return data;
+}
+
+PoolMode to_mode(int mode) {
+  if (mode != 0 && mode != 1) throw py::value_error("mode: must be 0 (sum) or 1 (mean)");
+  return static_cast<PoolMode>(mode);
+}
+
+std::shared_ptr<Table> make_table(size_t dim, size_t capacity, size_t num_shards,
+                                  size_t num_threads, int eviction, int optimizer, float lr,
+                                  float eps, float initial_accumulator, int initializer,
+                                  double init_a, double init_b, uint64_t seed) {
+  embstore::TableConfig c;
+  c.dim = dim;
+  c.capacity = capacity;
+  c.num_shards = num_shards;
+  c.num_threads = num_threads;
+  c.eviction = static_cast<embstore::Eviction>(eviction);
+  c.optimizer.kind = static_cast<embstore::OptimizerKind>(optimizer);
+  c.optimizer.lr = lr;
+  c.optimizer.eps = eps;
+  c.optimizer.initial_accumulator = initial_accumulator;
+  c.initializer.kind = static_cast<embstore::InitializerKind>(initializer);
+  c.initializer.a = init_a;
+  c.initializer.b = init_b;
+  c.initializer.seed = seed;
+  py::gil_scoped_release release;  // large tables: allocation may take a while
+  return std::make_shared<Table>(c);
+}
+
+py::dict stats_dict(const Table& t) {
+  const embstore::TableStats s = t.stats();
+  py::dict d;
+  d["size"] = s.size;
+  d["capacity"] = s.capacity;
+  d["dim"] = s.dim;
+  d["num_shards"] = s.num_shards;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["inserts"] = s.inserts;
+  d["evictions"] = s.evictions;
+  d["erased"] = s.erased;
+  d["row_stride"] = s.row_stride;
+  d["bytes_per_row"] = s.bytes_per_row;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "embstore C++ core (private: use the embstore package)";
+  py::register_exception<embstore::CapacityError>(m, "CapacityError", PyExc_RuntimeError);
+
+  py::class_<Table, std::shared_ptr<Table>>(m, "Table")
+      .def(py::init(&make_table), py::arg("dim"), py::arg("capacity"), py::arg("num_shards"),
+           py::arg("num_threads"), py::arg("eviction"), py::arg("optimizer"), py::arg("lr"),
+           py::arg("eps"), py::arg("initial_accumulator"), py::arg("initializer"),
+           py::arg("init_a"), py::arg("init_b"), py::arg("seed"))
+      .def_property_readonly("dim", &Table::dim)
+      .def_property_readonly("capacity", &Table::capacity)
+      .def_property_readonly("num_shards", &Table::num_shards)
+      .def_property_readonly("num_threads", &Table::num_threads)
+      .def("__len__", &Table::size)
+      .def("stats", &stats_dict)
+      .def(
+          "lookup",
+          [](Table& t, const py::array& keys, bool insert, const py::array& out) {
+            const uint64_t* k = keys_data(keys);
+            const auto n = keys.shape(0);
+            float* o = checked_data<float>(out, "out", n, static_cast<py::ssize_t>(t.dim()), true);
+            py::gil_scoped_release release;
+            t.lookup(k, static_cast<size_t>(n), insert, o);
+          },
+          py::arg("keys"), py::arg("insert"), py::arg("out"))
+      .def(
+          "lookup_sum",
+          [](Table& t, const py::array& keys, const py::array& offsets, const py::object& weights,
+             int mode, bool insert, const py::array& out) {
+            const uint64_t* k = keys_data(keys);
+            const auto n = keys.shape(0);
+            py::ssize_t bags = 0;
+            const int64_t* off = optional_offsets(offsets, bags);
+            const float* w = optional_weights(weights, n);
+            float* o = checked_data<float>(out, "out", bags, static_cast<py::ssize_t>(t.dim()), true);
+            const PoolMode pm = to_mode(mode);
+            py::gil_scoped_release release;
+            t.lookup_sum(k, static_cast<size_t>(n), off, static_cast<size_t>(bags), w, pm, insert, o);
+          },
+          py::arg("keys"), py::arg("offsets"), py::arg("weights"), py::arg("mode"),
+          py::arg("insert"), py::arg("out"))
+      .def(
+          "apply_gradients",
+          [](Table& t, const py::array& keys, const py::array& grads, const py::object& offsets,
+             const py::object& weights, int mode) {
+            const uint64_t* k = keys_data(keys);
+            const auto n = keys.shape(0);
+            py::ssize_t bags = 0;
+            const int64_t* off = optional_offsets(offsets, bags);
+            const float* w = optional_weights(weights, n);
+            const float* g = checked_data<float>(grads, "grads", off ? bags : n,
+                                                 static_cast<py::ssize_t>(t.dim()), false);
+            const PoolMode pm = to_mode(mode);
+            py::gil_scoped_release release;
+            t.apply_gradients(k, static_cast<size_t>(n), g, off, static_cast<size_t>(bags), w, pm);
+          },
+          py::arg("keys"), py::arg("grads"), py::arg("offsets"), py::arg("weights"),
+          py::arg("mode"))
+      .def(
+          "contains",
+          [](Table& t, const py::array& keys, const py::array& out) {
+            const uint64_t* k = keys_data(keys);
+            const auto n = keys.shape(0);
+            bool* o = checked_data<bool>(out, "out", n, 0, true);
+            py::gil_scoped_release release;
+            t.contains(k, static_cast<size_t>(n), o);
+          },
+          py::arg("keys"), py::arg("out"))
+      .def(
+          "erase",
+          [](Table& t, const py::array& keys) {
+            const uint64_t* k = keys_data(keys);
+            const auto n = keys.shape(0);
+            py::gil_scoped_release release;
+            return t.erase(k, static_cast<size_t>(n));
+          },
+          py::arg("keys"))
+      .def(
+          "initial_values",
+          [](const Table& t, const py::array& keys, const py::array& out) {
+            const uint64_t* k = keys_data(keys);
+            const auto n = keys.shape(0);
+            float* o = checked_data<float>(out, "out", n, static_cast<py::ssize_t>(t.dim()), true);
+            py::gil_scoped_release release;
+            t.initial_values(k, static_cast<size_t>(n), o);
+          },
+          py::arg("keys"), py::arg("out"));
+
+  m.def(
+      "group_lookup_sum",
+      [](const std::vector<std::shared_ptr<Table>>& tables, const std::vector<py::array>& keys,
+         const std::vector<py::array>& offsets, const std::vector<py::object>& weights, int mode,
+         bool insert, const std::vector<py::array>& outs, const std::vector<std::string>& labels) {
+        const size_t R = tables.size();
+        if (keys.size() != R || offsets.size() != R || weights.size() != R || outs.size() != R ||
+            labels.size() != R) {
+          throw py::value_error("group_lookup_sum: argument lists differ in length");
+        }
+        const PoolMode pm = to_mode(mode);
+        std::vector<embstore::LookupSumRequest> requests(R);
+        for (size_t k = 0; k < R; ++k) {
+          Table& t = *tables[k];
+          const auto n = keys[k].shape(0);
+          py::ssize_t bags = 0;
+          const int64_t* off = optional_offsets(offsets[k], bags);
+          requests[k] = {&t,
+                         keys_data(keys[k]),
+                         static_cast<size_t>(n),
+                         off,
+                         static_cast<size_t>(bags),
+                         optional_weights(weights[k], n),
+                         pm,
+                         insert,
+                         checked_data<float>(outs[k], "out", bags, static_cast<py::ssize_t>(t.dim()), true),
+                         labels[k]};
+        }
+        py::gil_scoped_release release;
+        embstore::lookup_sum_many(requests);
+      },
+      py::arg("tables"), py::arg("keys"), py::arg("offsets"), py::arg("weights"), py::arg("mode"),
+      py::arg("insert"), py::arg("outs"), py::arg("labels"));
+
+  m.def(
+      "group_apply_gradients",
+      [](const std::vector<std::shared_ptr<Table>>& tables, const std::vector<py::array>& keys,
+         const std::vector<py::array>& offsets, const std::vector<py::array>& grads,
+         const std::vector<py::object>& weights, int mode, const std::vector<std::string>& labels) {
+        const size_t R = tables.size();
+        if (keys.size() != R || offsets.size() != R || grads.size() != R || weights.size() != R ||
+            labels.size() != R) {
+          throw py::value_error("group_apply_gradients: argument lists differ in length");
+        }
+        const PoolMode pm = to_mode(mode);
+        std::vector<embstore::ApplyRequest> requests(R);
+        for (size_t k = 0; k < R; ++k) {
+          Table& t = *tables[k];
+          const auto n = keys[k].shape(0);
+          py::ssize_t bags = 0;
+          const int64_t* off = optional_offsets(offsets[k], bags);
+          requests[k] = {&t,
+                         keys_data(keys[k]),
+                         static_cast<size_t>(n),
+                         checked_data<float>(grads[k], "grads", off ? bags : n, static_cast<py::ssize_t>(t.dim()), false),
+                         off,
+                         static_cast<size_t>(bags),
+                         optional_weights(weights[k], n),
+                         pm,
+                         labels[k]};
+        }
+        py::gil_scoped_release release;
+        embstore::apply_gradients_many(requests);
+      },
+      py::arg("tables"), py::arg("keys"), py::arg("offsets"), py::arg("grads"), py::arg("weights"),
+      py::arg("mode"), py::arg("labels"));
+
+  m.def("hardware_threads", &embstore::ThreadPool::hardware_threads);
+}

@@ -1,0 +1,42 @@
+// File: embstore/config.hpp
+//
+// Plain configuration values of a table: its optimizer, initializer and eviction policy.
+// They are copied into the table at construction; only the learning rate may change later.
+#pragma once
+
+#include <cstddef>  // size_t
+#include <cstdint>  // uint64_t
+
+namespace embstore {
+
+enum class OptimizerKind : uint8_t { kSgd = 0, kAdagrad = 1 };
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  float lr = 0.01f;
+  float eps = 1e-8f;                 // Adagrad
+  float initial_accumulator = 0.0f;  // Adagrad
+};
+
+enum class InitializerKind : uint8_t { kZeros = 0, kUniform = 1, kNormal = 2, kTruncatedNormal = 3 };
+
+struct InitializerConfig {
+  InitializerKind kind = InitializerKind::kZeros;
+  double a = 0.0;  // Uniform: low;  Normal / TruncatedNormal: mean
+  double b = 0.0;  // Uniform: high; Normal / TruncatedNormal: std
+  uint64_t seed = 0;
+};
+
+enum class Eviction : uint8_t { kNone = 0, kClock = 1 };
+
+struct TableConfig {
+  size_t dim = 0;
+  size_t capacity = 0;
+  size_t num_shards = 0;   // 0: chosen from capacity (see Table)
+  size_t num_threads = 0;  // 0: the machine's hardware threads
+  Eviction eviction = Eviction::kClock;
+  OptimizerConfig optimizer;
+  InitializerConfig initializer;
+};
+
+}  // namespace embstore

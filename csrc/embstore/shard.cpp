@@ -1,0 +1,113 @@
+#include "embstore/shard.hpp"
+
+#include "embstore/hash.hpp"  // mix64, fast_range32
+
+namespace embstore {
+namespace {
+
+// Slots per row: 1.5 keeps linear probing short (about 2 probes per hit, 5 per miss at the
+// worst load) for 18 bytes of index per row.
+uint32_t slots_for(uint32_t rows) noexcept {
+  const uint64_t n = static_cast<uint64_t>(rows) + rows / 2 + 8;  // + 8: tiny shards
+  return static_cast<uint32_t>(n);
+}
+
+}  // namespace
+
+Shard::Shard(uint32_t first_row, uint32_t num_rows)
+    : first_row_(first_row),
+      num_rows_(num_rows),
+      num_slots_(slots_for(num_rows)),
+      slots_(slots_for(num_rows)),
+      meta_(num_rows) {}
+
+uint32_t Shard::find_slot(uint64_t id, uint64_t hash) const noexcept {
+  const Slot* slots = slots_.get();
+  uint32_t pos = home(hash);
+  // Terminates: there are always more slots than rows, so an empty slot exists.
+  while (slots[pos].row_plus1 != 0 && slots[pos].id != id) pos = next(pos);
+  return pos;
+}
+
+uint32_t Shard::find(uint64_t id, uint64_t hash) const noexcept {
+  const Slot& s = slots_.get()[find_slot(id, hash)];
+  return s.row_plus1 == 0 ? kNoRow : s.row_plus1 - 1;
+}
+
+void Shard::link(uint64_t id, uint64_t hash, uint32_t row) noexcept {
+  Slot& s = slots_.get()[find_slot(id, hash)];
+  s.id = id;
+  s.row_plus1 = row + 1;
+  RowMeta& m = meta(row);
+  m.id = id;
+  m.aux = kNoRow;
+  m.flags = kOccupied | kReferenced | kDirty;
+  counters.size.store(counters.size.load(std::memory_order_relaxed) + 1,
+                      std::memory_order_relaxed);
+}
+
+void Shard::erase_slot(uint32_t hole) noexcept {
+  Slot* slots = slots_.get();
+  // Backward-shift deletion: move later entries of the probe run into the hole unless their
+  // home lies cyclically in (hole, pos], so no tombstones ever accumulate.
+  for (uint32_t pos = next(hole); slots[pos].row_plus1 != 0; pos = next(pos)) {
+    const uint32_t h = home(mix64(slots[pos].id));
+    const bool stays = hole <= pos ? (hole < h && h <= pos) : (hole < h || h <= pos);
+    if (stays) continue;
+    slots[hole] = slots[pos];
+    hole = pos;
+  }
+  slots[hole].row_plus1 = 0;
+}
+
+uint32_t Shard::unlink_and_free(uint64_t id, uint64_t hash) noexcept {
+  const uint32_t pos = find_slot(id, hash);
+  Slot& s = slots_.get()[pos];
+  if (s.row_plus1 == 0) return kNoRow;
+  const uint32_t row = s.row_plus1 - 1;
+  erase_slot(pos);
+  RowMeta& m = meta(row);
+  m.flags = 0;
+  m.aux = free_head_;
+  free_head_ = row;
+  counters.size.store(counters.size.load(std::memory_order_relaxed) - 1,
+                      std::memory_order_relaxed);
+  return row;
+}
+
+uint32_t Shard::claim_unused_row() noexcept {
+  if (free_head_ != kNoRow) {
+    const uint32_t row = free_head_;
+    free_head_ = meta(row).aux;
+    return row;
+  }
+  return used_++;
+}
+
+uint32_t Shard::clock_victim() noexcept {
+  if (used_ == 0) return kNoRow;
+  // Two sweeps clear every reference bit, so a third finding nothing means all are pinned.
+  const uint64_t max_steps = 2 * static_cast<uint64_t>(used_) + 1;
+  for (uint64_t step = 0; step < max_steps; ++step) {
+    const uint32_t row = hand_;
+    hand_ = hand_ + 1 == used_ ? 0 : hand_ + 1;
+    RowMeta& m = meta(row);
+    if (!(m.flags & kOccupied) || m.aux != kNoRow) continue;  // free or pinned
+    if (m.flags & kReferenced) {
+      m.flags = static_cast<uint8_t>(m.flags & ~kReferenced);
+      continue;
+    }
+    return row;
+  }
+  return kNoRow;
+}
+
+void Shard::evict(uint32_t row) noexcept {
+  RowMeta& m = meta(row);
+  erase_slot(find_slot(m.id, mix64(m.id)));
+  m.flags = 0;
+  counters.size.store(counters.size.load(std::memory_order_relaxed) - 1,
+                      std::memory_order_relaxed);
+}
+
+}  // namespace embstore

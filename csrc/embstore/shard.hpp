@@ -1,0 +1,124 @@
+// File: embstore/shard.hpp
+//
+// Shard: one lock-protected slice of a table. It owns a fixed range of the table's arena
+// rows, an open-addressing index (linear probing) from id to row, the CLOCK ring over its
+// rows, a free list of erased rows, and its counters.
+//
+// Thread safety: every method except the counter readers requires the caller to hold
+// `mutex()`. The table takes each shard's lock once per batch. Row pointers obtained under
+// the lock are valid only while it is held (the row may be evicted and reused after).
+//
+// Layout choices:
+//  - Slot = {id, row + 1} packed in 12 bytes; row + 1 == 0 marks an empty slot, so every
+//    uint64 id is usable and a calloc'ed index needs no initialisation pass.
+//  - Per-row metadata (id, flags, aux) lives apart from the weights, so a CLOCK sweep reads
+//    16 bytes per row instead of whole rows.
+//  - `aux` is the free-list link of a free row, and the index of the row's gradient
+//    accumulator while an apply batch holds the lock (a non-empty aux pins the row).
+#pragma once
+
+#include <atomic>   // std::atomic
+#include <cstddef>  // size_t
+#include <cstdint>  // uint64_t, uint32_t
+#include <mutex>    // std::mutex
+
+#include "embstore/arena.hpp"  // ZeroedBuffer
+#include "embstore/hash.hpp"   // fast_range32
+
+namespace embstore {
+
+constexpr uint32_t kNoRow = 0xFFFFFFFFu;
+
+#pragma pack(push, 4)
+struct Slot {
+  uint64_t id;
+  uint32_t row_plus1;  // 0: empty
+};
+#pragma pack(pop)
+static_assert(sizeof(Slot) == 12, "Slot is packed to 12 bytes");
+
+enum RowFlags : uint8_t {
+  kOccupied = 1,  // the row holds an id
+  kReferenced = 2,  // CLOCK reference bit
+  kDirty = 4,  // changed since the last checkpoint (reserved for incremental saves)
+};
+
+struct RowMeta {
+  uint64_t id;
+  uint32_t aux;  // free-list next, or batch accumulator index (kNoRow when unused)
+  uint8_t flags;
+  uint8_t reserved[3];
+};
+static_assert(sizeof(RowMeta) == 16, "RowMeta is 16 bytes");
+
+// Counters are written only under the shard lock and read without it, hence relaxed atomics
+// updated with load+store (no locked instruction on the hot path).
+struct ShardCounters {
+  std::atomic<uint64_t> hits{0}, misses{0}, inserts{0}, evictions{0}, erased{0};
+  std::atomic<uint32_t> size{0};
+
+  static void add(std::atomic<uint64_t>& c, uint64_t d) noexcept {
+    if (d != 0) c.store(c.load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
+  }
+};
+
+class alignas(64) Shard {  // 64: a shard's lock and counters never share a cache line
+ public:
+  // `first_row`: this shard's first row in the table arena; `num_rows`: rows it may own.
+  Shard(uint32_t first_row, uint32_t num_rows);
+
+  std::mutex& mutex() noexcept { return mutex_; }
+
+  // Row (shard-local) of `id`, or kNoRow. `hash` is mix64(id).
+  uint32_t find(uint64_t id, uint64_t hash) const noexcept;
+  // Prefetches the index slot where a probe for `hash` starts.
+  void prefetch(uint64_t hash) const noexcept {
+    __builtin_prefetch(slots_.get() + fast_range32(hash, num_slots_));
+  }
+
+  // Links `id` to the shard-local row `row` (which must be a row this shard just claimed).
+  void link(uint64_t id, uint64_t hash, uint32_t row) noexcept;
+  // Removes `id` from the index and frees its row to this shard's free list.
+  // Returns the freed row or kNoRow if absent.
+  uint32_t unlink_and_free(uint64_t id, uint64_t hash) noexcept;
+
+  // Row allocation, in the order docs/semantics.md gives: the free list, then never-used rows.
+  bool has_unclaimed_row() const noexcept { return free_head_ != kNoRow || used_ < num_rows_; }
+  uint32_t claim_unused_row() noexcept;  // requires has_unclaimed_row()
+
+  // CLOCK: the next unpinned row whose reference bit is clear, clearing bits on the way;
+  // kNoRow when every occupied row is pinned (or none is occupied). The victim stays linked;
+  // `evict` unlinks it.
+  uint32_t clock_victim() noexcept;
+  // Unlinks the id held by `row` so the row can take a new id (no free-list push).
+  void evict(uint32_t row) noexcept;
+
+  RowMeta& meta(uint32_t row) noexcept { return meta_.get()[row]; }
+  const RowMeta& meta(uint32_t row) const noexcept { return meta_.get()[row]; }
+  uint32_t first_row() const noexcept { return first_row_; }
+  uint32_t used_rows() const noexcept { return used_; }
+  // Bytes of index and metadata (the arena's rows are counted by the table).
+  size_t footprint_bytes() const noexcept {
+    return slots_.size() * sizeof(Slot) + meta_.size() * sizeof(RowMeta);
+  }
+
+  ShardCounters counters;
+
+ private:
+  uint32_t home(uint64_t hash) const noexcept { return fast_range32(hash, num_slots_); }
+  uint32_t next(uint32_t pos) const noexcept { return pos + 1 == num_slots_ ? 0 : pos + 1; }
+  uint32_t find_slot(uint64_t id, uint64_t hash) const noexcept;  // match or empty slot
+  void erase_slot(uint32_t pos) noexcept;                          // backward-shift deletion
+
+  std::mutex mutex_;
+  uint32_t first_row_;
+  uint32_t num_rows_;
+  uint32_t num_slots_;
+  uint32_t used_ = 0;  // rows [0, used_) have been claimed at least once: the CLOCK ring
+  uint32_t hand_ = 0;
+  uint32_t free_head_ = kNoRow;
+  ZeroedBuffer<Slot> slots_;
+  ZeroedBuffer<RowMeta> meta_;
+};
+
+}  // namespace embstore

@@ -1,0 +1,631 @@
+#include "embstore/table.hpp"
+
+#include <algorithm>  // std::min, std::max, std::upper_bound
+#include <cmath>      // std::isfinite, std::sqrt, std::ceil
+#include <cstring>    // std::memcpy, std::memset
+#include <numeric>    // std::iota
+#include <stdexcept>  // std::invalid_argument
+#include <string>     // std::to_string
+
+#include "embstore/errors.hpp"       // CapacityError
+#include "embstore/hash.hpp"         // mix64
+#include "embstore/initializer.hpp"  // initial_row
+#include "embstore/optimizer.hpp"    // state_width, init_state, apply_update
+#include "embstore/thread_pool.hpp"  // ThreadPool
+
+namespace embstore {
+namespace {
+
+constexpr size_t kMaxShards = 4096;       // shard ids are kept in uint16 scratch
+constexpr size_t kIdsPerWorker = 2048;    // below this a helper thread costs more than it saves
+constexpr size_t kBagsPerPoolTask = 256;  // pooling task size: ~32-256 KiB of output
+constexpr size_t kPrefetchDistance = 8;   // ids ahead: enough index misses in flight
+
+bool is_power_of_two(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
+
+size_t default_shards(size_t capacity) {
+  // One shard per ~2048 rows, at most 64: enough shards that concurrent callers rarely
+  // meet on a lock, few enough that small tables keep a single exact CLOCK ring.
+  size_t s = 1;
+  while (s < 64 && s * 2 * 2048 <= capacity) s *= 2;
+  return s;
+}
+
+// Rows a shard may own: its share of the capacity plus slack for hash imbalance (a shard's
+// share is binomial; 3 standard deviations + 16 keep early evictions rare). The slack costs
+// address space only: pages of rows never claimed are never touched.
+uint32_t shard_rows(size_t share, size_t num_shards, size_t capacity) {
+  size_t rows = share;
+  if (num_shards > 1) rows += static_cast<size_t>(3.0 * std::sqrt(static_cast<double>(share))) + 16;
+  return static_cast<uint32_t>(std::min(rows, capacity));
+}
+
+std::string prefix(const std::string& label) {
+  return label.empty() ? std::string() : "table '" + label + "': ";
+}
+
+// Scratch reused across calls by each calling thread (no allocation per batch once warm).
+struct Workspace {
+  std::vector<uint32_t> order;        // (n) positions grouped by shard, stable
+  std::vector<uint32_t> shard_begin;  // (S + 1)
+  std::vector<uint32_t> cursor;       // (S)
+  std::vector<uint16_t> shard_ids;    // (n)
+  std::vector<uint32_t> bag_of;       // (n) apply with offsets
+  std::vector<float> rows;            // (n, dim) gathered rows or gradient accumulators
+  std::vector<uint32_t> unique_rows;  // (n) apply
+  bool one_hot = false;               // every bag holds exactly one id
+};
+
+std::vector<Workspace>& thread_workspaces(size_t count) {
+  thread_local std::vector<Workspace> spaces;
+  if (spaces.size() < count) spaces.resize(count);
+  return spaces;
+}
+
+Workspace& workspace(size_t k) { return thread_workspaces(k + 1)[k]; }
+
+// The calling thread's workspaces for R requests, resolved before tasks run on helpers
+// (whose own thread_local scratch is not the caller's).
+std::vector<Workspace*> caller_workspaces(size_t count) {
+  std::vector<Workspace>& spaces = thread_workspaces(count);
+  std::vector<Workspace*> out(count);
+  for (size_t k = 0; k < count; ++k) out[k] = &spaces[k];
+  return out;
+}
+
+// Checks CSR offsets; returns the longest bag. Throws std::invalid_argument.
+size_t validate_offsets(const int64_t* offsets, size_t num_bags, size_t n,
+                        const std::string& label) {
+  if (offsets[0] != 0) {
+    throw std::invalid_argument(prefix(label) + "offsets[0] must be 0, got " +
+                                std::to_string(offsets[0]));
+  }
+  size_t longest = 0;
+  for (size_t b = 0; b < num_bags; ++b) {
+    if (offsets[b + 1] < offsets[b]) {
+      throw std::invalid_argument(prefix(label) + "offsets must be non-decreasing: offsets[" +
+                                  std::to_string(b) + "]=" + std::to_string(offsets[b]) +
+                                  " > offsets[" + std::to_string(b + 1) +
+                                  "]=" + std::to_string(offsets[b + 1]));
+    }
+    longest = std::max(longest, static_cast<size_t>(offsets[b + 1] - offsets[b]));
+  }
+  if (offsets[num_bags] != static_cast<int64_t>(n)) {
+    throw std::invalid_argument(prefix(label) + "offsets[-1] must equal len(keys)=" +
+                                std::to_string(n) + ", got " + std::to_string(offsets[num_bags]));
+  }
+  return longest;
+}
+
+void validate_finite(const float* x, size_t count, const char* name, const std::string& label) {
+  for (size_t k = 0; k < count; ++k) {
+    if (!std::isfinite(x[k])) {
+      throw std::invalid_argument(prefix(label) + name + " must be finite: element " +
+                                  std::to_string(k) + " is " + std::to_string(x[k]));
+    }
+  }
+}
+
+size_t choose_workers(size_t total_ids, size_t max_threads) {
+  return std::max<size_t>(1, std::min(max_threads, total_ids / kIdsPerWorker));
+}
+
+// Rotates each call's first shard so concurrent callers start on different locks.
+size_t rotation() {
+  static std::atomic<size_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Maps a flat task number over several requests to (request, task within it).
+struct TaskSpace {
+  std::vector<size_t> begin{0};
+  void add(size_t tasks) { begin.push_back(begin.back() + tasks); }
+  size_t total() const { return begin.back(); }
+  size_t request_of(size_t task) const {
+    return static_cast<size_t>(std::upper_bound(begin.begin(), begin.end(), task) -
+                               begin.begin()) - 1;
+  }
+};
+
+}  // namespace
+
+// Internal batch kernels; a friend of Table.
+struct BatchRunner {
+  // Groups keys by shard (stable counting sort).
+  static void plan(const Table& t, const uint64_t* keys, size_t n, Workspace& ws) {
+    const size_t S = t.num_shards();
+    ws.order.resize(n);
+    ws.shard_begin.assign(S + 1, 0);
+    if (S == 1) {
+      std::iota(ws.order.begin(), ws.order.end(), 0u);
+      ws.shard_begin[1] = static_cast<uint32_t>(n);
+      return;
+    }
+    ws.shard_ids.resize(n);
+    ws.cursor.assign(S, 0);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t s = t.shard_of(mix64(keys[i]));
+      ws.shard_ids[i] = static_cast<uint16_t>(s);
+      ++ws.cursor[s];
+    }
+    for (size_t s = 0; s < S; ++s) {
+      ws.shard_begin[s + 1] = ws.shard_begin[s] + ws.cursor[s];
+      ws.cursor[s] = ws.shard_begin[s];
+    }
+    for (size_t i = 0; i < n; ++i) ws.order[ws.cursor[ws.shard_ids[i]]++] = static_cast<uint32_t>(i);
+  }
+
+  // Copies the rows of shard s's ids to dst[i] (scaled by weights[i] when given), inserting
+  // missing ids when `insert`; misses read zeros otherwise.
+  static void gather_shard(Table& t, size_t s, const uint64_t* keys, const Workspace& ws,
+                           bool insert, const float* weights, float* dst) {
+    const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
+    if (b == e) return;
+    const size_t dim = t.dim();
+    Shard& sh = *t.shards_[s];
+    uint64_t hits = 0, misses = 0, inserts = 0, evictions = 0;
+    std::lock_guard<std::mutex> lock(sh.mutex());
+    for (uint32_t j = b; j < e; ++j) {
+      if (j + kPrefetchDistance < e) sh.prefetch(mix64(keys[ws.order[j + kPrefetchDistance]]));
+      const uint32_t i = ws.order[j];
+      const uint64_t id = keys[i];
+      const uint64_t hash = mix64(id);
+      float* out = dst + static_cast<size_t>(i) * dim;
+      uint32_t row = sh.find(id, hash);
+      if (row != kNoRow) {
+        ++hits;
+        sh.meta(row).flags |= kReferenced;
+      } else {
+        ++misses;
+        if (!insert) {
+          std::memset(out, 0, dim * sizeof(float));
+          continue;
+        }
+        row = t.insert_locked(s, id, hash, evictions);
+        if (row == kNoRow) {
+          add_counters(sh, hits, misses, inserts, evictions);
+          throw CapacityError("table is full: no row for id " + std::to_string(id) +
+                              " (capacity " + std::to_string(t.capacity()) + ", eviction " +
+                              (t.config_.eviction == Eviction::kNone ? "none" : "clock") + ")");
+        }
+        ++inserts;
+      }
+      const float* src = t.row_ptr(sh, row);
+      if (weights == nullptr) {
+        std::memcpy(out, src, dim * sizeof(float));
+      } else {
+        const float w = weights[i];
+        for (size_t k = 0; k < dim; ++k) out[k] = w * src[k];
+      }
+    }
+    add_counters(sh, hits, misses, inserts, evictions);
+  }
+
+  static void add_counters(Shard& sh, uint64_t hits, uint64_t misses, uint64_t inserts,
+                           uint64_t evictions) {
+    ShardCounters::add(sh.counters.hits, hits);
+    ShardCounters::add(sh.counters.misses, misses);
+    ShardCounters::add(sh.counters.inserts, inserts);
+    ShardCounters::add(sh.counters.evictions, evictions);
+  }
+
+  // out[b] = rows[offsets[b]] (+ ...) in order, optionally weighted; mean divides by count.
+  static void pool_bags(const LookupSumRequest& r, size_t dim, const float* rows, size_t bag_lo,
+                        size_t bag_hi) {
+    for (size_t bag = bag_lo; bag < bag_hi; ++bag) {
+      float* __restrict out = r.out + bag * dim;
+      const size_t lo = static_cast<size_t>(r.offsets[bag]);
+      const size_t hi = static_cast<size_t>(r.offsets[bag + 1]);
+      if (lo == hi) {
+        std::memset(out, 0, dim * sizeof(float));
+        continue;
+      }
+      const float* __restrict first = rows + lo * dim;
+      if (r.weights == nullptr) {
+        std::memcpy(out, first, dim * sizeof(float));
+        for (size_t i = lo + 1; i < hi; ++i) {
+          const float* __restrict src = rows + i * dim;
+          for (size_t k = 0; k < dim; ++k) out[k] = out[k] + src[k];
+        }
+      } else {
+        const float w0 = r.weights[lo];
+        for (size_t k = 0; k < dim; ++k) out[k] = w0 * first[k];
+        for (size_t i = lo + 1; i < hi; ++i) {
+          const float* __restrict src = rows + i * dim;
+          const float w = r.weights[i];
+          for (size_t k = 0; k < dim; ++k) out[k] = out[k] + w * src[k];
+        }
+      }
+      if (r.mode == PoolMode::kMean) {
+        const float count = static_cast<float>(hi - lo);
+        for (size_t k = 0; k < dim; ++k) out[k] = out[k] / count;
+      }
+    }
+  }
+
+  // Sums shard s's per-id gradients per distinct row (in order), then applies one optimizer
+  // update per row. Rows of this batch are pinned (aux) so inserts cannot evict them.
+  static void apply_shard(Table& t, size_t s, const ApplyRequest& r, Workspace& ws) {
+    const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
+    if (b == e) return;
+    const size_t dim = t.dim();
+    Shard& sh = *t.shards_[s];
+    float* acc_base = ws.rows.data() + static_cast<size_t>(b) * dim;
+    uint32_t* unique = ws.unique_rows.data() + b;
+    uint32_t num_unique = 0;
+    uint64_t inserts = 0, evictions = 0;
+    std::lock_guard<std::mutex> lock(sh.mutex());
+    struct Unpin {  // runs on success and on CapacityError alike
+      Shard& sh;
+      const uint32_t* rows;
+      const uint32_t& count;
+      ~Unpin() {
+        for (uint32_t k = 0; k < count; ++k) sh.meta(rows[k]).aux = kNoRow;
+      }
+    } unpin{sh, unique, num_unique};
+    for (uint32_t j = b; j < e; ++j) {
+      if (j + kPrefetchDistance < e) sh.prefetch(mix64(r.keys[ws.order[j + kPrefetchDistance]]));
+      const uint32_t i = ws.order[j];
+      const uint64_t id = r.keys[i];
+      const uint64_t hash = mix64(id);
+      uint32_t row = sh.find(id, hash);
+      if (row == kNoRow) {
+        row = t.insert_locked(s, id, hash, evictions);
+        if (row == kNoRow) {
+          add_counters(sh, 0, 0, inserts, evictions);
+          throw CapacityError("table is full: no row for id " + std::to_string(id) +
+                              " while applying gradients (capacity " +
+                              std::to_string(t.capacity()) + ")");
+        }
+        ++inserts;
+      }
+      // This occurrence's gradient: g = c * grads[bag] (pooled) or grads[i].
+      const float* g;
+      float c = 1.0f;
+      bool scaled = false;
+      if (r.offsets == nullptr) {
+        g = r.grads + static_cast<size_t>(i) * dim;
+      } else {
+        const uint32_t bag = ws.bag_of[i];
+        g = r.grads + static_cast<size_t>(bag) * dim;
+        if (r.weights != nullptr) {
+          c = r.weights[i];
+          scaled = true;
+        }
+        if (r.mode == PoolMode::kMean) {
+          c = c / static_cast<float>(r.offsets[bag + 1] - r.offsets[bag]);
+          scaled = true;
+        }
+      }
+      RowMeta& m = sh.meta(row);
+      float* __restrict acc;
+      if (m.aux == kNoRow) {  // first occurrence: acc = 0 + g
+        m.aux = num_unique;
+        unique[num_unique] = row;
+        acc = acc_base + static_cast<size_t>(num_unique) * dim;
+        ++num_unique;
+        if (scaled) {
+          for (size_t k = 0; k < dim; ++k) acc[k] = c * g[k];
+        } else {
+          std::memcpy(acc, g, dim * sizeof(float));
+        }
+      } else {
+        acc = acc_base + static_cast<size_t>(m.aux) * dim;
+        if (scaled) {
+          for (size_t k = 0; k < dim; ++k) acc[k] = acc[k] + c * g[k];
+        } else {
+          for (size_t k = 0; k < dim; ++k) acc[k] = acc[k] + g[k];
+        }
+      }
+    }
+    const OptimizerConfig opt = t.config_.optimizer;
+    for (uint32_t k = 0; k < num_unique; ++k) {
+      const uint32_t row = unique[k];
+      apply_update(opt, t.row_ptr(sh, row), acc_base + static_cast<size_t>(k) * dim, dim);
+      sh.meta(row).flags |= kReferenced | kDirty;
+    }
+    add_counters(sh, 0, 0, inserts, evictions);
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Table
+
+Table::Table(const TableConfig& config)
+    : config_(config),
+      shard_shift_(64),
+      arena_(0, 1) {
+  if (config_.dim == 0) throw std::invalid_argument("dim must be positive");
+  if (config_.capacity == 0) throw std::invalid_argument("capacity must be positive");
+  if (config_.num_shards == 0) config_.num_shards = default_shards(config_.capacity);
+  const size_t S = config_.num_shards;
+  if (!is_power_of_two(S) || S > kMaxShards) {
+    throw std::invalid_argument("num_shards must be a power of two <= " +
+                                std::to_string(kMaxShards) + ", got " + std::to_string(S));
+  }
+  if (S > config_.capacity) {
+    throw std::invalid_argument("num_shards (" + std::to_string(S) +
+                                ") must not exceed capacity (" +
+                                std::to_string(config_.capacity) + ")");
+  }
+  if (config_.capacity / S >= kNoRow - 1) {
+    throw std::invalid_argument("capacity per shard must be < 2^32; use more shards");
+  }
+  if (config_.num_threads == 0) config_.num_threads = ThreadPool::hardware_threads();
+  unsigned bits = 0;
+  while ((size_t{1} << bits) < S) ++bits;
+  shard_shift_ = 64 - bits;
+
+  std::vector<uint32_t> rows(S);
+  size_t total_rows = 0;
+  for (size_t s = 0; s < S; ++s) {
+    const size_t share = config_.capacity / S + (s < config_.capacity % S ? 1 : 0);
+    rows[s] = shard_rows(share, S, config_.capacity);
+    total_rows += rows[s];
+  }
+  const size_t stride = row_stride(config_.dim, state_width(config_.optimizer, config_.dim));
+  arena_ = RowArena(total_rows, stride);
+  shards_.reserve(S);
+  size_t first = 0;
+  for (size_t s = 0; s < S; ++s) {
+    shards_.push_back(std::make_unique<Shard>(static_cast<uint32_t>(first), rows[s]));
+    first += rows[s];
+  }
+  ThreadPool::global().ensure_helpers(config_.num_threads - 1);
+}
+
+bool Table::try_reserve() noexcept {
+  size_t cur = live_.load(std::memory_order_relaxed);
+  while (cur < config_.capacity) {
+    if (live_.compare_exchange_weak(cur, cur + 1, std::memory_order_relaxed)) return true;
+  }
+  return false;
+}
+
+bool Table::evict_from_other_shard(size_t except) noexcept {
+  const size_t S = shards_.size();
+  for (size_t k = 1; k < S; ++k) {
+    Shard& other = *shards_[(except + k) % S];
+    // try_lock only: we already hold our own shard's lock, so blocking could deadlock.
+    std::unique_lock<std::mutex> lock(other.mutex(), std::try_to_lock);
+    if (!lock.owns_lock()) continue;
+    const uint32_t row = other.clock_victim();
+    if (row == kNoRow) continue;
+    other.unlink_and_free(other.meta(row).id, mix64(other.meta(row).id));
+    ShardCounters::add(other.counters.evictions, 1);
+    live_.fetch_sub(1, std::memory_order_relaxed);
+    return true;
+  }
+  return false;
+}
+
+uint32_t Table::claim_row_locked(size_t shard_index, uint64_t& evictions) {
+  Shard& sh = *shards_[shard_index];
+  const bool clock = config_.eviction == Eviction::kClock;
+  if (sh.has_unclaimed_row()) {
+    if (try_reserve()) return sh.claim_unused_row();
+    if (!clock) return kNoRow;
+  } else if (!clock) {
+    return kNoRow;
+  }
+  const uint32_t victim = sh.clock_victim();
+  if (victim != kNoRow) {
+    sh.evict(victim);
+    ++evictions;
+    return victim;
+  }
+  // The table is full but this shard has nothing to evict: free a row elsewhere.
+  if (sh.has_unclaimed_row()) {
+    for (int attempt = 0; attempt < 4 && evict_from_other_shard(shard_index); ++attempt) {
+      if (try_reserve()) return sh.claim_unused_row();
+    }
+  }
+  return kNoRow;
+}
+
+uint32_t Table::insert_locked(size_t shard_index, uint64_t id, uint64_t hash,
+                              uint64_t& evictions) {
+  Shard& sh = *shards_[shard_index];
+  const uint32_t row = claim_row_locked(shard_index, evictions);
+  if (row == kNoRow) return kNoRow;
+  float* values = row_ptr(sh, row);
+  initial_row(config_.initializer, id, values, config_.dim);
+  init_state(config_.optimizer, values + config_.dim, config_.dim);
+  sh.link(id, hash, row);
+  return row;
+}
+
+TableStats Table::stats() const {
+  TableStats st;
+  st.size = size();
+  st.capacity = config_.capacity;
+  st.dim = config_.dim;
+  st.num_shards = shards_.size();
+  st.row_stride = arena_.stride();
+  size_t meta_and_index = 0;
+  for (const auto& sh : shards_) {
+    st.hits += sh->counters.hits.load(std::memory_order_relaxed);
+    st.misses += sh->counters.misses.load(std::memory_order_relaxed);
+    st.inserts += sh->counters.inserts.load(std::memory_order_relaxed);
+    st.evictions += sh->counters.evictions.load(std::memory_order_relaxed);
+    st.erased += sh->counters.erased.load(std::memory_order_relaxed);
+    meta_and_index += sh->footprint_bytes();
+  }
+  const double arena_bytes = static_cast<double>(arena_.rows() * arena_.stride() * sizeof(float));
+  st.bytes_per_row = (arena_bytes + static_cast<double>(meta_and_index)) /
+                     static_cast<double>(arena_.rows());
+  return st;
+}
+
+void Table::lookup(const uint64_t* keys, size_t n, bool insert, float* out) {
+  std::vector<LookupSumRequest> one{
+      LookupSumRequest{this, keys, n, nullptr, n, nullptr, PoolMode::kSum, insert, out, {}}};
+  lookup_sum_many(one);
+}
+
+void Table::lookup_sum(const uint64_t* keys, size_t n, const int64_t* offsets, size_t num_bags,
+                       const float* weights, PoolMode mode, bool insert, float* out) {
+  std::vector<LookupSumRequest> one{
+      LookupSumRequest{this, keys, n, offsets, num_bags, weights, mode, insert, out, {}}};
+  lookup_sum_many(one);
+}
+
+void Table::apply_gradients(const uint64_t* keys, size_t n, const float* grads,
+                            const int64_t* offsets, size_t num_bags, const float* weights,
+                            PoolMode mode) {
+  std::vector<ApplyRequest> one{
+      ApplyRequest{this, keys, n, grads, offsets, num_bags, weights, mode, {}}};
+  apply_gradients_many(one);
+}
+
+void Table::contains(const uint64_t* keys, size_t n, bool* out) {
+  Workspace& ws = workspace(0);
+  BatchRunner::plan(*this, keys, n, ws);
+  const size_t rot = rotation();
+  ThreadPool::global().run(shards_.size(), choose_workers(n, config_.num_threads),
+                           [&](size_t task) {
+    const size_t s = (task + rot) % shards_.size();
+    Shard& sh = *shards_[s];
+    std::lock_guard<std::mutex> lock(sh.mutex());
+    for (uint32_t j = ws.shard_begin[s]; j < ws.shard_begin[s + 1]; ++j) {
+      const uint32_t i = ws.order[j];
+      out[i] = sh.find(keys[i], mix64(keys[i])) != kNoRow;
+    }
+  });
+}
+
+size_t Table::erase(const uint64_t* keys, size_t n) {
+  Workspace& ws = workspace(0);
+  BatchRunner::plan(*this, keys, n, ws);
+  std::atomic<size_t> removed{0};
+  const size_t rot = rotation();
+  ThreadPool::global().run(shards_.size(), choose_workers(n, config_.num_threads),
+                           [&](size_t task) {
+    const size_t s = (task + rot) % shards_.size();
+    Shard& sh = *shards_[s];
+    size_t count = 0;
+    std::lock_guard<std::mutex> lock(sh.mutex());
+    for (uint32_t j = ws.shard_begin[s]; j < ws.shard_begin[s + 1]; ++j) {
+      const uint64_t id = keys[ws.order[j]];
+      if (sh.unlink_and_free(id, mix64(id)) != kNoRow) ++count;
+    }
+    ShardCounters::add(sh.counters.erased, count);
+    live_.fetch_sub(count, std::memory_order_relaxed);
+    removed.fetch_add(count, std::memory_order_relaxed);
+  });
+  return removed.load();
+}
+
+void Table::initial_values(const uint64_t* keys, size_t n, float* out) const {
+  const size_t chunk = 1024;
+  ThreadPool::global().run((n + chunk - 1) / chunk, choose_workers(n, config_.num_threads),
+                           [&](size_t task) {
+    for (size_t i = task * chunk; i < std::min(n, (task + 1) * chunk); ++i) {
+      initial_row(config_.initializer, keys[i], out + i * config_.dim, config_.dim);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Multi-table batches
+
+void lookup_sum_many(std::vector<LookupSumRequest>& requests) {
+  const size_t R = requests.size();
+  std::vector<Workspace*> spaces = caller_workspaces(R);
+  size_t total_ids = 0, max_threads = 1;
+  // 1. Validate everything before any table changes.
+  for (size_t k = 0; k < R; ++k) {
+    const LookupSumRequest& r = requests[k];
+    Workspace& ws = *spaces[k];
+    ws.one_hot = true;
+    if (r.offsets != nullptr) {
+      const size_t longest = validate_offsets(r.offsets, r.num_bags, r.n, r.label);
+      ws.one_hot = longest <= 1 && r.num_bags == r.n;
+    }
+    if (r.weights != nullptr) validate_finite(r.weights, r.n, "weights", r.label);
+    total_ids += r.n;
+    max_threads = std::max(max_threads, r.table->num_threads());
+  }
+  const size_t workers = choose_workers(total_ids, max_threads);
+  ThreadPool& pool = ThreadPool::global();
+  // 2. Group each request's ids by shard; size the gather buffers of pooled requests.
+  pool.run(R, workers, [&](size_t k) {
+    const LookupSumRequest& r = requests[k];
+    BatchRunner::plan(*r.table, r.keys, r.n, *spaces[k]);
+    if (!spaces[k]->one_hot) spaces[k]->rows.resize(r.n * r.table->dim());
+  });
+  // 3. One task per (request, shard): copy rows under the shard lock. One-hot requests
+  //    write straight into the output; others into the gather buffer.
+  TaskSpace shard_tasks;
+  for (const LookupSumRequest& r : requests) shard_tasks.add(r.table->num_shards());
+  const size_t rot = rotation();
+  pool.run(shard_tasks.total(), workers, [&](size_t task) {
+    const size_t k = shard_tasks.request_of(task);
+    const LookupSumRequest& r = requests[k];
+    Workspace& ws = *spaces[k];
+    const size_t s = (task - shard_tasks.begin[k] + rot) % r.table->num_shards();
+    if (ws.one_hot) {
+      BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, r.weights, r.out);
+    } else {
+      BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, nullptr, ws.rows.data());
+    }
+  });
+  // 4. Pool bags in order (no locks: the gathered rows are this call's own copy).
+  TaskSpace pool_tasks;
+  for (size_t k = 0; k < R; ++k) {
+    pool_tasks.add(spaces[k]->one_hot ? 0 : (requests[k].num_bags + kBagsPerPoolTask - 1) /
+                                                kBagsPerPoolTask);
+  }
+  pool.run(pool_tasks.total(), workers, [&](size_t task) {
+    const size_t k = pool_tasks.request_of(task);
+    const LookupSumRequest& r = requests[k];
+    const size_t lo = (task - pool_tasks.begin[k]) * kBagsPerPoolTask;
+    BatchRunner::pool_bags(r, r.table->dim(), spaces[k]->rows.data(), lo,
+                           std::min(r.num_bags, lo + kBagsPerPoolTask));
+  });
+}
+
+void apply_gradients_many(std::vector<ApplyRequest>& requests) {
+  const size_t R = requests.size();
+  std::vector<Workspace*> spaces = caller_workspaces(R);
+  size_t total_ids = 0, max_threads = 1;
+  // 1. Validate everything before any table changes.
+  for (const ApplyRequest& r : requests) {
+    const size_t grad_rows = r.offsets == nullptr ? r.n : r.num_bags;
+    if (r.offsets != nullptr) validate_offsets(r.offsets, r.num_bags, r.n, r.label);
+    validate_finite(r.grads, grad_rows * r.table->dim(), "grads", r.label);
+    if (r.weights != nullptr) validate_finite(r.weights, r.n, "weights", r.label);
+    total_ids += r.n;
+    max_threads = std::max(max_threads, r.table->num_threads());
+  }
+  const size_t workers = choose_workers(total_ids, max_threads);
+  ThreadPool& pool = ThreadPool::global();
+  // 2. Group by shard; map each id to its bag; size the accumulators.
+  pool.run(R, workers, [&](size_t k) {
+    const ApplyRequest& r = requests[k];
+    Workspace& ws = *spaces[k];
+    BatchRunner::plan(*r.table, r.keys, r.n, ws);
+    ws.rows.resize(r.n * r.table->dim());
+    ws.unique_rows.resize(r.n);
+    if (r.offsets != nullptr) {
+      ws.bag_of.resize(r.n);
+      for (size_t bag = 0; bag < r.num_bags; ++bag) {
+        for (int64_t i = r.offsets[bag]; i < r.offsets[bag + 1]; ++i) {
+          ws.bag_of[static_cast<size_t>(i)] = static_cast<uint32_t>(bag);
+        }
+      }
+    }
+  });
+  // 3. One task per (request, shard): sum duplicates, then one fused update per row.
+  TaskSpace shard_tasks;
+  for (const ApplyRequest& r : requests) shard_tasks.add(r.table->num_shards());
+  const size_t rot = rotation();
+  pool.run(shard_tasks.total(), workers, [&](size_t task) {
+    const size_t k = shard_tasks.request_of(task);
+    const ApplyRequest& r = requests[k];
+    const size_t s = (task - shard_tasks.begin[k] + rot) % r.table->num_shards();
+    BatchRunner::apply_shard(*r.table, s, r, *spaces[k]);
+  });
+}
+
+}  // namespace embstore

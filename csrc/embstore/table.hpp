@@ -1,0 +1,128 @@
+// File: embstore/table.hpp
+//
+// Table: an embedding table (uint64 id -> float32 row of `dim` weights + optimizer state).
+// Rows live in one preallocated RowArena; ids are spread over a power-of-two number of
+// Shards by the high bits of mix64(id); each shard owns a fixed slice of the arena, its own
+// index, CLOCK ring and lock.
+//
+// Batch operations group the batch's ids by shard (a stable counting sort), take each
+// shard's lock once, and run shards as tasks on the shared ThreadPool; pooling then runs per
+// bag in a fixed order, so results are bitwise identical for any thread count.
+// The exact semantics (insertion, summation orders, optimizers, CLOCK) are in
+// docs/semantics.md.
+//
+// Thread safety: every public method may be called from any number of threads at once.
+// Reads are row-consistent: a row is copied out under its shard lock, so it is never
+// half-updated nor another id's row. There is no table-wide lock.
+//
+// Errors: std::invalid_argument for bad input (thrown before anything changes),
+// CapacityError when a row is needed and none can be had (see docs/semantics.md).
+#pragma once
+
+#include <atomic>   // std::atomic
+#include <cstddef>  // size_t
+#include <cstdint>  // uint64_t, int64_t
+#include <memory>   // std::unique_ptr
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+#include "embstore/arena.hpp"   // RowArena
+#include "embstore/config.hpp"  // TableConfig
+#include "embstore/shard.hpp"   // Shard
+
+namespace embstore {
+
+enum class PoolMode : uint8_t { kSum = 0, kMean = 1 };
+
+struct TableStats {
+  size_t size = 0, capacity = 0, dim = 0, num_shards = 0, row_stride = 0;
+  uint64_t hits = 0, misses = 0, inserts = 0, evictions = 0, erased = 0;
+  double bytes_per_row = 0;  // arena + metadata + index bytes per row of capacity
+};
+
+class Table;
+
+// One table's part of a pooled lookup: out[b] = sum (or mean) of rows of keys in bag b.
+struct LookupSumRequest {
+  Table* table;
+  const uint64_t* keys;    // (n)
+  size_t n;
+  const int64_t* offsets;  // (num_bags + 1) CSR
+  size_t num_bags;
+  const float* weights;    // (n) or nullptr
+  PoolMode mode;
+  bool insert;
+  float* out;              // (num_bags, dim) out
+  std::string label;       // names the table in error messages (may be empty)
+};
+
+// One table's part of a gradient apply: per-id grads (offsets == nullptr, grads (n, dim)) or
+// the backward of lookup_sum (grads (num_bags, dim)).
+struct ApplyRequest {
+  Table* table;
+  const uint64_t* keys;    // (n)
+  size_t n;
+  const float* grads;      // (n, dim) or (num_bags, dim)
+  const int64_t* offsets;  // (num_bags + 1) or nullptr
+  size_t num_bags;
+  const float* weights;    // (n) or nullptr
+  PoolMode mode;
+  std::string label;
+};
+
+// Runs the requests of several tables as one parallel batch (all tables in one crossing).
+void lookup_sum_many(std::vector<LookupSumRequest>& requests);
+void apply_gradients_many(std::vector<ApplyRequest>& requests);
+
+class Table {
+ public:
+  explicit Table(const TableConfig& config);
+  Table(const Table&) = delete;
+  Table& operator=(const Table&) = delete;
+
+  size_t dim() const noexcept { return config_.dim; }
+  size_t capacity() const noexcept { return config_.capacity; }
+  size_t num_shards() const noexcept { return shards_.size(); }
+  size_t num_threads() const noexcept { return config_.num_threads; }
+  size_t size() const noexcept { return live_.load(std::memory_order_relaxed); }
+  const TableConfig& config() const noexcept { return config_; }
+  TableStats stats() const;
+
+  // out[i] = row of keys[i]; see docs/semantics.md for insert=true/false.
+  void lookup(const uint64_t* keys, size_t n, bool insert, float* out);  // out: (n, dim)
+  void lookup_sum(const uint64_t* keys, size_t n, const int64_t* offsets, size_t num_bags,
+                  const float* weights, PoolMode mode, bool insert, float* out);
+  void apply_gradients(const uint64_t* keys, size_t n, const float* grads,
+                       const int64_t* offsets, size_t num_bags, const float* weights,
+                       PoolMode mode);
+  void contains(const uint64_t* keys, size_t n, bool* out);  // out: (n)
+  size_t erase(const uint64_t* keys, size_t n);
+  // The initializer's rows for keys (the table is not touched).
+  void initial_values(const uint64_t* keys, size_t n, float* out) const;  // out: (n, dim)
+
+ private:
+  friend void lookup_sum_many(std::vector<LookupSumRequest>& requests);
+  friend void apply_gradients_many(std::vector<ApplyRequest>& requests);
+  friend struct BatchRunner;
+
+  size_t shard_of(uint64_t hash) const noexcept {
+    return shard_shift_ == 64 ? 0 : static_cast<size_t>(hash >> shard_shift_);
+  }
+  float* row_ptr(const Shard& s, uint32_t local_row) noexcept {
+    return arena_.row(static_cast<size_t>(s.first_row()) + local_row);
+  }
+  // Inserts the absent `id` into shard `shard_index` (whose lock the caller holds) with its
+  // initial row and state. Returns the shard-local row, or kNoRow when no row can be had.
+  uint32_t insert_locked(size_t shard_index, uint64_t id, uint64_t hash, uint64_t& evictions);
+  uint32_t claim_row_locked(size_t shard_index, uint64_t& evictions);
+  bool try_reserve() noexcept;
+  bool evict_from_other_shard(size_t except) noexcept;
+
+  TableConfig config_;
+  unsigned shard_shift_;  // 64 - log2(num_shards); 64 means one shard
+  RowArena arena_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::atomic<size_t> live_{0};  // rows present, <= capacity
+};
+
+}  // namespace embstore

@@ -1,0 +1,56 @@
+// File: embstore/thread_pool.hpp
+//
+// ThreadPool: persistent worker threads that split batches into tasks. The calling thread
+// always works on its own job too, so a job finishes even when every helper is busy with
+// other callers' jobs (many request threads may call at once); helpers sleep on a condition
+// variable when idle, so an idle pool costs no CPU.
+//
+// A task's exception stops the job's remaining tasks and is rethrown on the caller once every
+// helper has left the job (hnswlib's ParallelFor discipline). Thread-safe.
+#pragma once
+
+#include <atomic>              // std::atomic
+#include <condition_variable>  // std::condition_variable
+#include <cstddef>             // size_t
+#include <deque>               // std::deque
+#include <exception>           // std::exception_ptr
+#include <functional>          // std::function
+#include <mutex>               // std::mutex
+#include <thread>              // std::thread
+#include <vector>              // std::vector
+
+namespace embstore {
+
+class ThreadPool {
+ public:
+  // The process-wide pool shared by all tables (grown on demand, never shrunk).
+  static ThreadPool& global();
+
+  explicit ThreadPool(size_t helpers = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  // Makes sure at least `helpers` helper threads exist.
+  void ensure_helpers(size_t helpers);
+
+  // Runs body(task) for every task in [0, num_tasks) on the caller and at most
+  // `max_workers - 1` helpers; returns when all are done. Rethrows a task's exception.
+  void run(size_t num_tasks, size_t max_workers, const std::function<void(size_t)>& body);
+
+  // The machine's hardware threads (at least 1).
+  static size_t hardware_threads() noexcept;
+
+ private:
+  struct Job;
+  void helper_loop();
+  static void work_on(Job& job) noexcept;
+
+  std::mutex mutex_;
+  std::condition_variable work_cv_;
+  std::deque<Job*> queue_;  // jobs still accepting helpers
+  std::vector<std::thread> threads_;
+  bool stopping_ = false;
+};
+
+}  // namespace embstore

@@ -1,0 +1,34 @@
+"""embstore: a native-accelerated embedding store for recommendation models.
+
+A C++ core keeps each embedding table in one preallocated arena, indexes it with a sharded
+hash map (uint64 id -> row), evicts with CLOCK, and runs lookups, pooled lookups and fused
+optimizer updates with per-shard locking and the GIL released.
+
+>>> import numpy as np, embstore
+>>> t = embstore.Table(dim=4, capacity=1000, optimizer=embstore.SGD(lr=0.1))
+>>> t.lookup_sum(np.array([1, 2, 3], dtype=np.uint64), np.array([0, 2, 3])).shape
+(2, 4)
+"""
+
+from __future__ import annotations
+
+from embstore._core import CapacityError
+from embstore.group import TableGroup
+from embstore.initializers import Normal, TruncatedNormal, Uniform, Zeros
+from embstore.optimizers import SGD, Adagrad
+from embstore.table import Table
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SGD",
+    "Adagrad",
+    "CapacityError",
+    "Normal",
+    "Table",
+    "TableGroup",
+    "TruncatedNormal",
+    "Uniform",
+    "Zeros",
+    "__version__",
+]

@@ -1,0 +1,298 @@
+"""Table: one embedding table (uint64 id -> float32 row + optimizer state).
+
+The Python front door of the C++ core. It normalises arguments, raises clear errors before
+anything changes, and makes one call into the core per batch with the GIL released.
+Exact semantics: ``docs/semantics.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import numpy.typing as npt
+
+from embstore import _arrays, _core
+from embstore.initializers import Initializer, Normal, TruncatedNormal, Uniform, Zeros
+from embstore.optimizers import SGD, Adagrad, Optimizer
+
+__all__ = ["Table"]
+
+_EVICTION = {"none": 0, "clock": 1}
+_OPTIMIZER = {SGD: 0, Adagrad: 1}
+_INITIALIZER = {Zeros: 0, Uniform: 1, Normal: 2, TruncatedNormal: 3}
+
+
+def _initializer_args(init: Initializer) -> tuple[int, float, float, int]:
+    if isinstance(init, Zeros):
+        return 0, 0.0, 0.0, 0
+    if isinstance(init, Uniform):
+        return 1, init.low, init.high, init.seed
+    return _INITIALIZER[type(init)], init.mean, init.std, init.seed
+
+
+class Table:
+    """An embedding table with a fused optimizer, held in a preallocated arena.
+
+    Parameters
+    ----------
+    dim : int
+        Floats per row.
+    capacity : int
+        Most rows the table ever holds; the arena for them is reserved up front.
+    optimizer : SGD or Adagrad, optional
+        Fused into :meth:`apply_gradients`. Default ``Adagrad(lr=0.01)``.
+    initializer : Zeros, Uniform, Normal or TruncatedNormal, optional
+        Initial row of a new id, deterministic per ``(seed, id)``.
+        Default ``Normal(std=0.01, seed=0)``.
+    num_shards : int, optional
+        Power of two <= capacity; each shard has its own lock, index and CLOCK ring.
+        Default: one per ~2048 rows of capacity, at most 64.
+    eviction : {"clock", "none"}
+        What a full table does on insert: evict by CLOCK (second chance), or raise
+        :class:`embstore.CapacityError`.
+    num_threads : int, optional
+        Worker threads that split each batch (the caller is one of them).
+        Default: the machine's hardware threads.
+
+    Notes
+    -----
+    Thread safety: every method may be called from any number of threads at once. Each
+    shard is locked once per batch; reads are row-consistent (never half-updated, never
+    another id's row). Results are bitwise identical for any ``num_threads``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        capacity: int,
+        *,
+        optimizer: Optional[Optimizer] = None,
+        initializer: Optional[Initializer] = None,
+        num_shards: Optional[int] = None,
+        eviction: str = "clock",
+        num_threads: Optional[int] = None,
+    ) -> None:
+        dim = _arrays.positive_int("dim", dim)
+        capacity = _arrays.positive_int("capacity", capacity)
+        if optimizer is None:
+            optimizer = Adagrad(lr=0.01)
+        if type(optimizer) not in _OPTIMIZER:
+            msg = f"optimizer must be embstore.SGD or embstore.Adagrad, got {optimizer!r}"
+            raise TypeError(msg)
+        if initializer is None:
+            initializer = Normal(std=0.01, seed=0)
+        if type(initializer) not in _INITIALIZER:
+            msg = f"initializer must be an embstore initializer, got {initializer!r}"
+            raise TypeError(msg)
+        if eviction not in _EVICTION:
+            msg = f"eviction must be 'clock' or 'none', got {eviction!r}"
+            raise ValueError(msg)
+        shards = 0
+        if num_shards is not None:
+            shards = _arrays.positive_int("num_shards", num_shards)
+            if shards & (shards - 1):
+                msg = f"num_shards must be a power of two, got {shards}"
+                raise ValueError(msg)
+            if shards > capacity:
+                msg = f"num_shards ({shards}) must not exceed capacity ({capacity})"
+                raise ValueError(msg)
+        threads = 0 if num_threads is None else _arrays.positive_int("num_threads", num_threads)
+        kind, a, b, seed = _initializer_args(initializer)
+        self._optimizer: Optimizer = optimizer
+        self._initializer: Initializer = initializer
+        self._eviction = eviction
+        self._impl: Optional[_core.Table] = _core.Table(
+            dim=dim,
+            capacity=capacity,
+            num_shards=shards,
+            num_threads=threads,
+            eviction=_EVICTION[eviction],
+            optimizer=_OPTIMIZER[type(optimizer)],
+            lr=optimizer.lr,
+            eps=getattr(optimizer, "eps", 1e-8),
+            initial_accumulator=getattr(optimizer, "initial_accumulator", 0.0),
+            initializer=kind,
+            init_a=a,
+            init_b=b,
+            seed=seed,
+        )
+        self._dim = dim
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def dim(self) -> int:
+        """Floats per row."""
+        return self._dim
+
+    @property
+    def capacity(self) -> int:
+        """Most rows the table holds."""
+        return int(self._live().capacity)
+
+    @property
+    def num_shards(self) -> int:
+        """Number of shards (each with its own lock, index and CLOCK ring)."""
+        return int(self._live().num_shards)
+
+    @property
+    def num_threads(self) -> int:
+        """Worker threads that split a batch."""
+        return int(self._live().num_threads)
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """The optimizer's settings."""
+        return self._optimizer
+
+    @property
+    def initializer(self) -> Initializer:
+        """The initializer's settings."""
+        return self._initializer
+
+    @property
+    def eviction(self) -> str:
+        """``"clock"`` or ``"none"``."""
+        return self._eviction
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has been called."""
+        return self._impl is None
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    def __repr__(self) -> str:
+        if self._impl is None:
+            return "<embstore.Table closed>"
+        return (
+            f"<embstore.Table dim={self._dim} size={len(self._impl)} "
+            f"capacity={self._impl.capacity} shards={self._impl.num_shards} "
+            f"optimizer={self._optimizer!r}>"
+        )
+
+    # -- lifecycle --------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the table's memory (once no call is still running on it).
+
+        Any later operation raises ValueError. Calling close twice is harmless.
+        """
+        self._impl = None
+
+    def __enter__(self) -> Table:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> Any:
+        msg = "embstore.Table cannot be pickled"
+        raise TypeError(msg)
+
+    def _live(self) -> _core.Table:
+        impl = self._impl
+        if impl is None:
+            msg = "operation on a closed embstore.Table"
+            raise ValueError(msg)
+        return impl
+
+    # -- operations -------------------------------------------------------------------
+    def lookup(
+        self, keys: npt.ArrayLike, *, insert: bool = True, out: Optional[np.ndarray] = None
+    ) -> npt.NDArray[np.float32]:
+        """Return the rows of ``keys`` as float32 ``[n, dim]``.
+
+        With ``insert=True`` (training) a missing id is inserted with its initial row,
+        which is returned; with ``insert=False`` a missing id reads as zeros and nothing is
+        inserted. ``out`` (float32 ``[n, dim]``, C-contiguous, writeable) receives the result.
+        """
+        impl = self._live()
+        k = _arrays.as_keys(keys)
+        result = _arrays.output(out, k.shape[0], self._dim)
+        impl.lookup(keys=k, insert=bool(insert), out=result)
+        return result
+
+    def lookup_sum(
+        self,
+        keys: npt.ArrayLike,
+        offsets: npt.ArrayLike,
+        *,
+        weights: Optional[npt.ArrayLike] = None,
+        mode: str = "sum",
+        insert: bool = True,
+        out: Optional[np.ndarray] = None,
+    ) -> npt.NDArray[np.float32]:
+        """Pooled lookup: return ``[len(offsets) - 1, dim]``, the sum (or mean) per bag.
+
+        Bag ``b`` holds ``keys[offsets[b]:offsets[b+1]]``; ``weights`` (float32 ``[n]``)
+        scales each id's row. Empty bags give zero rows. Rows are fetched as by
+        :meth:`lookup` (same ``insert`` rules) and summed in order.
+        """
+        impl = self._live()
+        k = _arrays.as_keys(keys)
+        off = _arrays.as_offsets(offsets)
+        w = _arrays.as_weights(weights, k.shape[0])
+        code = _arrays.mode_code(mode)
+        result = _arrays.output(out, off.shape[0] - 1, self._dim)
+        impl.lookup_sum(keys=k, offsets=off, weights=w, mode=code, insert=bool(insert), out=result)
+        return result
+
+    def apply_gradients(
+        self,
+        keys: npt.ArrayLike,
+        grads: npt.ArrayLike,
+        *,
+        offsets: Optional[npt.ArrayLike] = None,
+        weights: Optional[npt.ArrayLike] = None,
+        mode: str = "sum",
+    ) -> None:
+        """Apply gradients with the table's fused optimizer.
+
+        Without ``offsets``, ``grads`` is ``[n, dim]``, one row per id. With ``offsets``,
+        ``grads`` is ``[bags, dim]``: the gradient of :meth:`lookup_sum`'s output for the
+        same ``keys``/``offsets``/``weights``/``mode``. Gradients of duplicate ids are summed
+        first, then each row gets one optimizer update. A missing id is inserted first.
+        NaN or Inf in ``grads`` raises ValueError and nothing is applied.
+        """
+        impl = self._live()
+        k = _arrays.as_keys(keys)
+        n = k.shape[0]
+        code = _arrays.mode_code(mode)
+        if offsets is None:
+            if weights is not None or code != 0:
+                msg = "weights and mode='mean' need offsets (they describe bags)"
+                raise ValueError(msg)
+            g = _arrays.as_grads(grads, n, self._dim, "one row per key")
+            impl.apply_gradients(keys=k, grads=g, offsets=None, weights=None, mode=0)
+            return
+        off = _arrays.as_offsets(offsets)
+        w = _arrays.as_weights(weights, n)
+        g = _arrays.as_grads(grads, off.shape[0] - 1, self._dim, "one row per bag")
+        impl.apply_gradients(keys=k, grads=g, offsets=off, weights=w, mode=code)
+
+    def contains(self, keys: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Return bool ``[n]``: whether each id has a row. Inserts nothing."""
+        impl = self._live()
+        k = _arrays.as_keys(keys)
+        result = np.empty(k.shape[0], dtype=np.bool_)
+        impl.contains(keys=k, out=result)
+        return result
+
+    def erase(self, keys: npt.ArrayLike) -> int:
+        """Remove the rows of ``keys``; return how many rows were removed."""
+        impl = self._live()
+        return int(impl.erase(keys=_arrays.as_keys(keys)))
+
+    def initial_values(self, keys: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """Return the initializer's rows for ``keys`` (the table is not touched)."""
+        impl = self._live()
+        k = _arrays.as_keys(keys)
+        result = np.empty((k.shape[0], self._dim), dtype=np.float32)
+        impl.initial_values(keys=k, out=result)
+        return result
+
+    def stats(self) -> dict[str, Any]:
+        """Return counters: size, capacity, dim, num_shards, hits, misses, inserts,
+        evictions, erased, row_stride (floats) and bytes_per_row."""
+        return dict(self._live().stats())

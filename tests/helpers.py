@@ -1,0 +1,175 @@
+"""Shared test helpers: build a store and its reference twin, compare their states."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from reference import (
+    AdagradSpec,
+    InitSpec,
+    NormalSpec,
+    OptSpec,
+    ReferenceTable,
+    SGDSpec,
+    TruncatedNormalSpec,
+    UniformSpec,
+    ZerosSpec,
+)
+
+import embstore
+
+COUNTERS = ("hits", "misses", "inserts", "evictions", "erased")
+UNIFORM = UniformSpec(low=-0.5, high=0.5, seed=7)
+
+
+def store_optimizer(spec: OptSpec) -> Any:
+    """The embstore optimizer object for a reference spec."""
+    if isinstance(spec, SGDSpec):
+        return embstore.SGD(lr=spec.lr)
+    return embstore.Adagrad(
+        lr=spec.lr, eps=spec.eps, initial_accumulator=spec.initial_accumulator
+    )
+
+
+def store_initializer(spec: InitSpec) -> Any:
+    """The embstore initializer object for a reference spec."""
+    if isinstance(spec, ZerosSpec):
+        return embstore.Zeros()
+    if isinstance(spec, UniformSpec):
+        return embstore.Uniform(low=spec.low, high=spec.high, seed=spec.seed)
+    kwargs: dict[str, Any] = {"std": spec.std, "seed": spec.seed}
+    if spec.mean != 0.0:
+        kwargs["mean"] = spec.mean
+    if isinstance(spec, NormalSpec):
+        return embstore.Normal(**kwargs)
+    assert isinstance(spec, TruncatedNormalSpec)
+    return embstore.TruncatedNormal(**kwargs)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything needed to build a table and its reference."""
+
+    dim: int = 8
+    capacity: int = 100_000
+    optimizer: OptSpec = SGDSpec(lr=0.5)
+    initializer: InitSpec = UNIFORM
+    eviction: str = "clock"
+    num_shards: int | None = None
+    num_threads: int | None = None
+
+    def table(self, **override: Any) -> embstore.Table:
+        """A fresh store with this configuration (keyword overrides allowed)."""
+        kw: dict[str, Any] = {
+            "dim": self.dim,
+            "capacity": self.capacity,
+            "optimizer": store_optimizer(self.optimizer),
+            "initializer": store_initializer(self.initializer),
+            "eviction": self.eviction,
+            "num_shards": self.num_shards,
+            "num_threads": self.num_threads,
+        }
+        kw.update(override)
+        return embstore.Table(**kw)
+
+    def reference(self) -> ReferenceTable:
+        """A fresh reference model with this configuration."""
+        return ReferenceTable(
+            self.dim, self.capacity, self.optimizer, self.initializer, self.eviction
+        )
+
+    def pair(self, **override: Any) -> tuple[embstore.Table, ReferenceTable]:
+        """(store, reference) built from this configuration."""
+        return self.table(**override), self.reference()
+
+
+def u64(values: Any) -> npt.NDArray[np.uint64]:
+    """Keys as a uint64 array (Python ints may be >= 2**63)."""
+    return np.array(list(values) if not isinstance(values, np.ndarray) else values, np.uint64)
+
+
+def assert_same_state(
+    t: embstore.Table, ref: ReferenceTable, universe: Any, *, counters: bool = True
+) -> None:
+    """Asserts len, contains, stored values (read with insert=False on both) and counters.
+
+    The value read is a lookup(insert=False) applied to both sides, so it keeps them in
+    step (it sets reference bits of hits and counts hits/misses on both).
+    """
+    keys = u64(universe)
+    assert len(t) == len(ref), f"len: store {len(t)} != reference {len(ref)}"
+    got_c = t.contains(keys)
+    want_c = ref.contains(keys)
+    bad = np.flatnonzero(got_c != want_c)
+    assert bad.size == 0, (
+        f"contains differs for ids {keys[bad][:10].tolist()}: store {got_c[bad][:10].tolist()}"
+        f" reference ring {ref.ring()}"
+    )
+    got = t.lookup(keys, insert=False)
+    want = ref.lookup(keys, insert=False)
+    assert_rows_equal(got, want, keys)
+    if counters:
+        assert_counters(t, ref)
+
+
+def assert_counters(t: embstore.Table, ref: ReferenceTable) -> None:
+    """The store's stats() counters and size equal the reference's."""
+    st = t.stats()
+    want = ref.stats()
+    got = {k: st[k] for k in (*COUNTERS, "size")}
+    exp = {k: want[k] for k in (*COUNTERS, "size")}
+    assert got == exp, f"stats: store {got} != reference {exp}"
+
+
+def assert_rows_equal(got: np.ndarray, want: np.ndarray, keys: Any = None) -> None:
+    """Bitwise equality of float32 result arrays with a message naming the first bad row."""
+    assert got.dtype == np.float32, got.dtype
+    assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
+    if np.array_equal(got, want):
+        return
+    diff = np.flatnonzero(np.any(got != want, axis=tuple(range(1, got.ndim))))
+    i = int(diff[0])
+    key = "" if keys is None else f" (id {int(np.asarray(keys)[i])})"
+    ulps = np.abs(got[i].view(np.int32).astype(np.int64) - want[i].view(np.int32))
+    raise AssertionError(
+        f"{diff.size} rows differ; first row {i}{key}:\n got  {got[i].tolist()}\n"
+        f" want {want[i].tolist()}\n max ulp diff {int(ulps.max())}"
+    )
+
+
+def random_offsets(rng: np.random.Generator, n: int, bags: int) -> npt.NDArray[np.int64]:
+    """Valid offsets splitting n keys into `bags` bags (some may be empty)."""
+    if bags == 0:
+        return np.zeros(1, dtype=np.int64)
+    cuts = np.sort(rng.integers(0, n + 1, size=bags - 1))
+    return np.concatenate([[0], cuts, [n]]).astype(np.int64)
+
+
+def snapshot(t: embstore.Table, probe: Any) -> tuple[int, dict[str, Any], np.ndarray, np.ndarray]:
+    """(len, stats, contains, values) where values are read last with insert=False.
+
+    Two snapshots taken around an operation that must change nothing compare equal,
+    because the value read of the first one is mirrored by the second's.
+    """
+    keys = u64(probe)
+    size = len(t)
+    st = dict(t.stats())
+    c = t.contains(keys)
+    v = t.lookup(keys, insert=False)
+    return size, st, c, v
+
+
+def assert_unchanged(before: tuple[Any, ...], after: tuple[Any, ...]) -> None:
+    """The store did not change between two snapshots (see `snapshot`)."""
+    size0, st0, c0, v0 = before
+    size1, st1, c1, v1 = after
+    assert size1 == size0
+    # The first snapshot's value read counted its hits/misses after st0 was taken.
+    n_hit = int(c0.sum())
+    st0 = dict(st0, hits=st0["hits"] + n_hit, misses=st0["misses"] + (len(c0) - n_hit))
+    assert st1 == st0
+    assert np.array_equal(c1, c0)
+    assert np.array_equal(v1, v0)
