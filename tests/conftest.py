@@ -24,14 +24,14 @@ settings.register_profile(
     "ci",
     derandomize=True,
     deadline=None,
-    max_examples=40,
+    max_examples=100,
     print_blob=True,
     suppress_health_check=_SUPPRESS,
 )
 settings.register_profile(
     "dev",
     deadline=None,
-    max_examples=60,
+    max_examples=200,
     print_blob=True,
     suppress_health_check=_SUPPRESS,
 )

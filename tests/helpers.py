@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from reference import (
-    AdagradSpec,
     InitSpec,
     NormalSpec,
     OptSpec,
@@ -23,15 +22,14 @@ import embstore
 
 COUNTERS = ("hits", "misses", "inserts", "evictions", "erased")
 UNIFORM = UniformSpec(low=-0.5, high=0.5, seed=7)
+SGD_HALF = SGDSpec(lr=0.5)
 
 
 def store_optimizer(spec: OptSpec) -> Any:
     """The embstore optimizer object for a reference spec."""
     if isinstance(spec, SGDSpec):
         return embstore.SGD(lr=spec.lr)
-    return embstore.Adagrad(
-        lr=spec.lr, eps=spec.eps, initial_accumulator=spec.initial_accumulator
-    )
+    return embstore.Adagrad(lr=spec.lr, eps=spec.eps, initial_accumulator=spec.initial_accumulator)
 
 
 def store_initializer(spec: InitSpec) -> Any:
@@ -55,7 +53,7 @@ class Config:
 
     dim: int = 8
     capacity: int = 100_000
-    optimizer: OptSpec = SGDSpec(lr=0.5)
+    optimizer: OptSpec = SGD_HALF
     initializer: InitSpec = UNIFORM
     eviction: str = "clock"
     num_shards: int | None = None
@@ -134,10 +132,11 @@ def assert_rows_equal(got: np.ndarray, want: np.ndarray, keys: Any = None) -> No
     i = int(diff[0])
     key = "" if keys is None else f" (id {int(np.asarray(keys)[i])})"
     ulps = np.abs(got[i].view(np.int32).astype(np.int64) - want[i].view(np.int32))
-    raise AssertionError(
+    msg = (
         f"{diff.size} rows differ; first row {i}{key}:\n got  {got[i].tolist()}\n"
         f" want {want[i].tolist()}\n max ulp diff {int(ulps.max())}"
     )
+    raise AssertionError(msg)
 
 
 def random_offsets(rng: np.random.Generator, n: int, bags: int) -> npt.NDArray[np.int64]:

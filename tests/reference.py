@@ -116,7 +116,8 @@ def as_ids(keys: object) -> U64Array:
         return arr.astype(np.int64).view(np.uint64).reshape(-1)
     if arr.size == 0:
         return np.zeros(0, dtype=np.uint64)
-    raise TypeError(f"keys must be integers, got {arr.dtype}")
+    msg = f"keys must be integers, got {arr.dtype}"
+    raise TypeError(msg)
 
 
 def splitmix64_int(x: int) -> int:
@@ -134,7 +135,7 @@ def splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         z = np.asarray(x, dtype=np.uint64) + _GOLDEN
         z = (z ^ (z >> np.uint64(30))) * _MUL1
         z = (z ^ (z >> np.uint64(27))) * _MUL2
-        return z ^ (z >> np.uint64(31))  # type: ignore[no-any-return]
+        return z ^ (z >> np.uint64(31))
 
 
 def row_seeds(seed: int, ids: U64Array) -> U64Array:
@@ -192,7 +193,8 @@ def initial_rows(init: InitSpec, keys: object, dim: int) -> F32Array:
 
 def _check_mode(mode: str) -> None:
     if mode not in ("sum", "mean"):
-        raise ValueError(f"mode must be 'sum' or 'mean', got {mode!r}")
+        msg = f"mode must be 'sum' or 'mean', got {mode!r}"
+        raise ValueError(msg)
 
 
 def pool(
@@ -230,7 +232,7 @@ def per_id_grads(
     _check_mode(mode)
     g = np.asarray(grads, dtype=F32)
     if offsets is None:
-        return g.reshape(n, -1).copy()
+        return g.reshape(n, g.shape[-1] if g.ndim == 2 else -1).copy()
     off = np.asarray(offsets, dtype=np.int64)
     w = None if weights is None else np.asarray(weights, dtype=F32)
     out = np.zeros((n, g.shape[1]), dtype=F32)
@@ -328,7 +330,8 @@ class ReferenceTable:
             slot = self.bump
             self.bump += 1
         elif self.eviction == "none":
-            raise ReferenceCapacityError("table full")
+            msg = "table full"
+            raise ReferenceCapacityError(msg)
         else:
             slot = self._clock_victim(pinned)
             victim = self.slot_key.pop(slot)
@@ -354,7 +357,8 @@ class ReferenceTable:
                 self.ref[slot] = False
                 continue
             return slot
-        raise ReferenceCapacityError("every row is pinned")
+        msg = "every row is pinned"
+        raise ReferenceCapacityError(msg)
 
     # ---- operations -----------------------------------------------------------------
     def lookup(self, keys: object, insert: bool = True) -> F32Array:
@@ -399,13 +403,16 @@ class ReferenceTable:
     ) -> None:
         """``Table.apply_gradients``: sum per distinct id in order, then one update each."""
         if offsets is None and (weights is not None or mode != "sum"):
-            raise ValueError("weights and mode need offsets")
+            msg = "weights and mode need offsets"
+            raise ValueError(msg)
         arr = as_ids(keys)
         ids = arr.tolist()
         if weights is not None and not np.all(np.isfinite(np.asarray(weights, F32))):
-            raise ValueError("weights must be finite")
+            msg = "weights must be finite"
+            raise ValueError(msg)
         if not np.all(np.isfinite(np.asarray(grads, F32))):
-            raise ValueError("grads must be finite")
+            msg = "grads must be finite"
+            raise ValueError(msg)
         g = per_id_grads(len(ids), grads, offsets, weights, mode)
         summed: dict[int, F32Array] = {}
         for i, k in enumerate(ids):
@@ -430,7 +437,8 @@ class ReferenceTable:
         else:
             acc = self.accum[key] + g * g
             self.accum[key] = acc
-            self.weights[key] = w - (F32(opt.lr) * g) / (np.sqrt(acc) + F32(opt.eps))
+            root: F32Array = np.sqrt(acc)  # float32 in, float32 out (correctly rounded)
+            self.weights[key] = w - (F32(opt.lr) * g) / (root + F32(opt.eps))
 
     def contains(self, keys: object) -> npt.NDArray[np.bool_]:
         """``Table.contains``: no side effects."""

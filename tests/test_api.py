@@ -282,7 +282,12 @@ OTHER_BAD: list[Any] = [
         "out",
     ),
     ("out_dtype", lambda t: t.lookup(K, out=np.zeros((N, DIM), np.float64)), TypeError, "out"),
-    ("out_readonly", lambda t: t.lookup(K, out=_ro(np.zeros((N, DIM), np.float32))), ValueError, "out"),
+    (
+        "out_readonly",
+        lambda t: t.lookup(K, out=_ro(np.zeros((N, DIM), np.float32))),
+        ValueError,
+        "out",
+    ),
     ("out_strided", lambda t: t.lookup(K, out=_strided((N, DIM))), ValueError, "out"),
     (
         "sum_out_shape",
@@ -336,7 +341,9 @@ def test_bad_keys_rejected_without_change(
     assert_unchanged(before, snapshot(table, PROBE))
 
 
-@pytest.mark.parametrize(("op", "exc", "name"), [b[1:] for b in OTHER_BAD], ids=[b[0] for b in OTHER_BAD])
+@pytest.mark.parametrize(
+    ("op", "exc", "name"), [b[1:] for b in OTHER_BAD], ids=[b[0] for b in OTHER_BAD]
+)
 def test_bad_arguments_rejected_without_change(
     table: embstore.Table, op: Op, exc: type[Exception], name: str
 ) -> None:
@@ -381,7 +388,7 @@ def test_closed_table_raises(op: Op) -> None:
     t.lookup(K)
     t.close()
     assert t.closed is True
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="closed"):
         op(t)
 
 
@@ -392,10 +399,11 @@ def test_context_manager_closes() -> None:
         assert not t.closed
         t.lookup(K)
     assert t.closed
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="closed"):
         t.lookup(K)
-    with pytest.raises(KeyError), CFG.table() as t2:  # noqa: PT012
-        raise KeyError("boom")
+    msg = "boom"
+    with pytest.raises(KeyError, match=msg), CFG.table() as t2:
+        raise KeyError(msg)
     assert t2.closed
 
 
@@ -601,7 +609,8 @@ def test_float64_inputs_are_converted() -> None:
         keys, gb.astype(np.float32), offsets=off64, weights=w64.astype(np.float32), mode="mean"
     )
     assert_rows_equal(
-        a.lookup_sum(keys, off32, weights=w64), b.lookup_sum(keys, off64, weights=w64.astype(np.float32))
+        a.lookup_sum(keys, off32, weights=w64),
+        b.lookup_sum(keys, off64, weights=w64.astype(np.float32)),
     )
 
 

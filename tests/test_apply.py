@@ -107,8 +107,10 @@ def test_duplicate_grads_summed_before_one_update() -> None:
     # A second call is a second update: acc = [32, 8] after g = [4, 2] again.
     t.apply_gradients(u64([5]), np.array([[4.0, 2.0]], np.float32))
     f = np.float32
-    want = np.array([[f(-1) - f(4) / (np.sqrt(f(32)) + f(1e-8)),
-                      f(-1) - f(2) / (np.sqrt(f(8)) + f(1e-8))]], np.float32)
+    want = np.array(
+        [[f(-1) - f(4) / (np.sqrt(f(32)) + f(1e-8)), f(-1) - f(2) / (np.sqrt(f(8)) + f(1e-8))]],
+        np.float32,
+    )
     assert_rows_equal(t.lookup(u64([5]), insert=False), want)
 
 
@@ -163,3 +165,24 @@ def test_lookup_after_apply_sees_updates(rng: np.random.Generator) -> None:
         t.apply_gradients(keys, g, offsets=off, weights=w)
         ref.apply_gradients(keys, g, offsets=off, weights=w)
     assert_same_state(t, ref, np.arange(30, dtype=np.uint64))
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_large_apply_identical_for_any_thread_count(pooled: bool, rng: np.random.Generator) -> None:
+    """A batch big enough to be split over worker threads gives bitwise the same table for
+    num_threads 1, 2, 4, equal to the reference."""
+    dim, n, bags = 16, 30_000, 3000
+    keys = rng.integers(0, 8000, size=n).astype(np.uint64)
+    off = random_offsets(rng, n, bags) if pooled else None
+    w = rng.uniform(0.5, 1.5, size=n).astype(np.float32) if pooled else None
+    g = _grads(rng, bags if pooled else n, dim)
+    cfg = Config(dim=dim, optimizer=AdagradSpec(lr=0.05), num_shards=8)
+    ref = cfg.reference()
+    ref.apply_gradients(keys, g, offsets=off, weights=w, mode="mean" if pooled else "sum")
+    universe = np.arange(8000, dtype=np.uint64)
+    want = ref.lookup(universe, insert=False)
+    for threads in (1, 2, 4):
+        t = cfg.table(num_threads=threads)
+        t.apply_gradients(keys, g, offsets=off, weights=w, mode="mean" if pooled else "sum")
+        assert_rows_equal(t.lookup(universe, insert=False), want, universe)
+        assert len(t) == len(ref)

@@ -132,7 +132,9 @@ def test_weighted_mean_divides_by_count() -> None:
     got = t.lookup_sum(keys, [0, 2], weights=w, mode="mean")
     want = pool(rows, [0, 2], w, "mean")
     assert_rows_equal(got, want)
-    assert_rows_equal(got, ((np.float32(0) + w[0] * rows[0] + w[1] * rows[1]) / np.float32(2))[None])
+    assert_rows_equal(
+        got, ((np.float32(0) + w[0] * rows[0] + w[1] * rows[1]) / np.float32(2))[None]
+    )
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])
@@ -152,5 +154,20 @@ def test_results_identical_for_any_thread_count(mode: str, rng: np.random.Genera
         assert t.num_threads == threads
         assert_rows_equal(t.lookup(keys), want_rows, keys)
         assert_rows_equal(t.lookup_sum(keys, off, weights=w, mode=mode), want_pool)
-        assert_rows_equal(t.lookup_sum(keys, off, mode=mode, insert=False), pool(want_rows, off, None, mode))
+        assert_rows_equal(
+            t.lookup_sum(keys, off, mode=mode, insert=False), pool(want_rows, off, None, mode)
+        )
         assert len(t) == len(ref)
+
+
+def test_pooled_sum_starts_from_positive_zero() -> None:
+    """s = 0; s = s + w_i * row_i: the sum starts from +0.0, so a bag whose only terms are
+    -0.0 (negative weight times a zero row) gives +0.0, bit for bit, as the reference does."""
+    t = Config(dim=2, initializer=ZerosSpec()).table()
+    keys = u64([1, 2])
+    w = np.array([-1.0, -1.0], np.float32)
+    for off in ([0, 1, 2], [0, 2]):
+        got = t.lookup_sum(keys, off, weights=w)
+        want = pool(np.zeros((2, 2), np.float32), off, w)
+        assert not np.signbit(want).any()
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), got

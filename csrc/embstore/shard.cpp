@@ -19,20 +19,8 @@ Shard::Shard(uint32_t first_row, uint32_t num_rows)
       num_rows_(num_rows),
       num_slots_(slots_for(num_rows)),
       slots_(slots_for(num_rows)),
-      meta_(num_rows) {}
-
-uint32_t Shard::find_slot(uint64_t id, uint64_t hash) const noexcept {
-  const Slot* slots = slots_.get();
-  uint32_t pos = home(hash);
-  // Terminates: there are always more slots than rows, so an empty slot exists.
-  while (slots[pos].row_plus1 != 0 && slots[pos].id != id) pos = next(pos);
-  return pos;
-}
-
-uint32_t Shard::find(uint64_t id, uint64_t hash) const noexcept {
-  const Slot& s = slots_.get()[find_slot(id, hash)];
-  return s.row_plus1 == 0 ? kNoRow : s.row_plus1 - 1;
-}
+      meta_(num_rows),
+      ref_bits_((static_cast<size_t>(num_rows) + 63) / 64) {}
 
 void Shard::link(uint64_t id, uint64_t hash, uint32_t row) noexcept {
   Slot& s = slots_.get()[find_slot(id, hash)];
@@ -41,7 +29,8 @@ void Shard::link(uint64_t id, uint64_t hash, uint32_t row) noexcept {
   RowMeta& m = meta(row);
   m.id = id;
   m.aux = kNoRow;
-  m.flags = kOccupied | kReferenced | kDirty;
+  m.flags = kOccupied | kDirty;
+  reference(row);
   counters.size.store(counters.size.load(std::memory_order_relaxed) + 1,
                       std::memory_order_relaxed);
 }
@@ -93,8 +82,8 @@ uint32_t Shard::clock_victim() noexcept {
     hand_ = hand_ + 1 == used_ ? 0 : hand_ + 1;
     RowMeta& m = meta(row);
     if (!(m.flags & kOccupied) || m.aux != kNoRow) continue;  // free or pinned
-    if (m.flags & kReferenced) {
-      m.flags = static_cast<uint8_t>(m.flags & ~kReferenced);
+    if (referenced(row)) {
+      unreference(row);
       continue;
     }
     return row;

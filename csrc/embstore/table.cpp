@@ -19,7 +19,11 @@ namespace {
 constexpr size_t kMaxShards = 4096;       // shard ids are kept in uint16 scratch
 constexpr size_t kIdsPerWorker = 2048;    // below this a helper thread costs more than it saves
 constexpr size_t kBagsPerPoolTask = 256;  // pooling task size: ~32-256 KiB of output
-constexpr size_t kPrefetchDistance = 8;   // ids ahead: enough index misses in flight
+// Pipeline distances (ids ahead): index slots 16 ahead, rows 8 ahead — enough misses in
+// flight to cover DRAM latency without evicting prefetched lines before use.
+constexpr uint32_t kSlotAhead = 16;
+constexpr uint32_t kRowAhead = 8;
+constexpr uint32_t kRing = 16;  // > kRowAhead: resolved rows awaiting their copy
 
 bool is_power_of_two(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
@@ -31,12 +35,14 @@ size_t default_shards(size_t capacity) {
   return s;
 }
 
-// Rows a shard may own: its share of the capacity plus slack for hash imbalance (a shard's
-// share is binomial; 3 standard deviations + 16 keep early evictions rare). The slack costs
-// address space only: pages of rows never claimed are never touched.
+// Rows a shard may own: its share of the capacity plus slack for hash imbalance. A shard's
+// load is binomial; with 64 shards the fullest is often 3.5 standard deviations above the
+// mean (measured on W1's ids), so 6 deviations + 32 make an early eviction before
+// len == capacity practically impossible for hashed ids. The slack costs address space and
+// ~5% more index slots: pages of rows never claimed are never touched.
 uint32_t shard_rows(size_t share, size_t num_shards, size_t capacity) {
   size_t rows = share;
-  if (num_shards > 1) rows += static_cast<size_t>(3.0 * std::sqrt(static_cast<double>(share))) + 16;
+  if (num_shards > 1) rows += static_cast<size_t>(6.0 * std::sqrt(static_cast<double>(share))) + 32;
   return static_cast<uint32_t>(std::min(rows, capacity));
 }
 
@@ -106,6 +112,11 @@ void validate_finite(const float* x, size_t count, const char* name, const std::
   }
 }
 
+inline void prefetch_lines(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t off = 0; off < bytes; off += kCacheLine) __builtin_prefetch(c + off);
+}
+
 size_t choose_workers(size_t total_ids, size_t max_threads) {
   return std::max<size_t>(1, std::min(max_threads, total_ids / kIdsPerWorker));
 }
@@ -157,47 +168,68 @@ struct BatchRunner {
 
   // Copies the rows of shard s's ids to dst[i] (scaled by weights[i] when given), inserting
   // missing ids when `insert`; misses read zeros otherwise.
+  //
+  // Software pipeline (random gathers are latency-bound): the index slot of id j+16 is
+  // prefetched, id j is resolved to its row (which is prefetched), and the copy of id j-8
+  // completes. Resolution (find, reference bit, insert) stays in id order; before an insert
+  // the pending copies are drained, so an eviction can never take a row still to be copied.
+  // `pooled`: dst is a one-id-per-bag pooled output, so each value is 0 + w * row exactly as
+  // the pooling spec sums (this turns a -0 row element into +0, like a numpy sum would).
   static void gather_shard(Table& t, size_t s, const uint64_t* keys, const Workspace& ws,
-                           bool insert, const float* weights, float* dst) {
+                           bool insert, const float* weights, bool pooled, float* dst) {
     const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
     if (b == e) return;
     const size_t dim = t.dim();
     Shard& sh = *t.shards_[s];
     uint64_t hits = 0, misses = 0, inserts = 0, evictions = 0;
+    uint32_t ring[kRing];
+    uint32_t done = b;  // ids [b, done) are copied
+    auto finish = [&](uint32_t jj) {
+      const uint32_t i = ws.order[jj];
+      float* __restrict out = dst + static_cast<size_t>(i) * dim;
+      const uint32_t row = ring[jj % kRing];
+      if (row == kNoRow) {
+        std::memset(out, 0, dim * sizeof(float));
+        return;
+      }
+      const float* __restrict src = t.row_ptr(sh, row);
+      if (weights != nullptr) {
+        const float w = weights[i];
+        for (size_t k = 0; k < dim; ++k) out[k] = 0.0f + w * src[k];
+      } else if (pooled) {
+        for (size_t k = 0; k < dim; ++k) out[k] = 0.0f + src[k];
+      } else {
+        std::memcpy(out, src, dim * sizeof(float));
+      }
+    };
     std::lock_guard<std::mutex> lock(sh.mutex());
     for (uint32_t j = b; j < e; ++j) {
-      if (j + kPrefetchDistance < e) sh.prefetch(mix64(keys[ws.order[j + kPrefetchDistance]]));
-      const uint32_t i = ws.order[j];
-      const uint64_t id = keys[i];
+      if (j + kSlotAhead < e) sh.prefetch(mix64(keys[ws.order[j + kSlotAhead]]));
+      const uint64_t id = keys[ws.order[j]];
       const uint64_t hash = mix64(id);
-      float* out = dst + static_cast<size_t>(i) * dim;
       uint32_t row = sh.find(id, hash);
       if (row != kNoRow) {
         ++hits;
-        sh.meta(row).flags |= kReferenced;
+        sh.reference(row);
       } else {
         ++misses;
-        if (!insert) {
-          std::memset(out, 0, dim * sizeof(float));
-          continue;
+        if (insert) {
+          while (done < j) finish(done++);
+          row = t.insert_locked(s, id, hash, evictions);
+          if (row == kNoRow) {
+            add_counters(sh, hits, misses, inserts, evictions);
+            throw CapacityError("table is full: no row for id " + std::to_string(id) +
+                                " (capacity " + std::to_string(t.capacity()) + ", eviction " +
+                                (t.config_.eviction == Eviction::kNone ? "none" : "clock") + ")");
+          }
+          ++inserts;
         }
-        row = t.insert_locked(s, id, hash, evictions);
-        if (row == kNoRow) {
-          add_counters(sh, hits, misses, inserts, evictions);
-          throw CapacityError("table is full: no row for id " + std::to_string(id) +
-                              " (capacity " + std::to_string(t.capacity()) + ", eviction " +
-                              (t.config_.eviction == Eviction::kNone ? "none" : "clock") + ")");
-        }
-        ++inserts;
       }
-      const float* src = t.row_ptr(sh, row);
-      if (weights == nullptr) {
-        std::memcpy(out, src, dim * sizeof(float));
-      } else {
-        const float w = weights[i];
-        for (size_t k = 0; k < dim; ++k) out[k] = w * src[k];
-      }
+      ring[j % kRing] = row;
+      if (row != kNoRow) prefetch_lines(t.row_ptr(sh, row), dim * sizeof(float));
+      if (j - done >= kRowAhead) finish(done++);
     }
+    while (done < e) finish(done++);
     add_counters(sh, hits, misses, inserts, evictions);
   }
 
@@ -220,16 +252,17 @@ struct BatchRunner {
         std::memset(out, 0, dim * sizeof(float));
         continue;
       }
+      // s = 0; s = s + row_i ... (docs/semantics.md): the leading 0 + is not a no-op for -0.
       const float* __restrict first = rows + lo * dim;
       if (r.weights == nullptr) {
-        std::memcpy(out, first, dim * sizeof(float));
+        for (size_t k = 0; k < dim; ++k) out[k] = 0.0f + first[k];
         for (size_t i = lo + 1; i < hi; ++i) {
           const float* __restrict src = rows + i * dim;
           for (size_t k = 0; k < dim; ++k) out[k] = out[k] + src[k];
         }
       } else {
         const float w0 = r.weights[lo];
-        for (size_t k = 0; k < dim; ++k) out[k] = w0 * first[k];
+        for (size_t k = 0; k < dim; ++k) out[k] = 0.0f + w0 * first[k];
         for (size_t i = lo + 1; i < hi; ++i) {
           const float* __restrict src = rows + i * dim;
           const float w = r.weights[i];
@@ -245,6 +278,8 @@ struct BatchRunner {
 
   // Sums shard s's per-id gradients per distinct row (in order), then applies one optimizer
   // update per row. Rows of this batch are pinned (aux) so inserts cannot evict them.
+  // Pipelined like gather_shard: resolve id j (prefetching its metadata), accumulate id j-8.
+  // Note: pass 1 overwrites this shard's part of ws.order with the missing ids.
   static void apply_shard(Table& t, size_t s, const ApplyRequest& r, Workspace& ws) {
     const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
     if (b == e) return;
@@ -254,33 +289,14 @@ struct BatchRunner {
     uint32_t* unique = ws.unique_rows.data() + b;
     uint32_t num_unique = 0;
     uint64_t inserts = 0, evictions = 0;
-    std::lock_guard<std::mutex> lock(sh.mutex());
-    struct Unpin {  // runs on success and on CapacityError alike
-      Shard& sh;
-      const uint32_t* rows;
-      const uint32_t& count;
-      ~Unpin() {
-        for (uint32_t k = 0; k < count; ++k) sh.meta(rows[k]).aux = kNoRow;
-      }
-    } unpin{sh, unique, num_unique};
-    for (uint32_t j = b; j < e; ++j) {
-      if (j + kPrefetchDistance < e) sh.prefetch(mix64(r.keys[ws.order[j + kPrefetchDistance]]));
-      const uint32_t i = ws.order[j];
-      const uint64_t id = r.keys[i];
-      const uint64_t hash = mix64(id);
-      uint32_t row = sh.find(id, hash);
-      if (row == kNoRow) {
-        row = t.insert_locked(s, id, hash, evictions);
-        if (row == kNoRow) {
-          add_counters(sh, 0, 0, inserts, evictions);
-          throw CapacityError("table is full: no row for id " + std::to_string(id) +
-                              " while applying gradients (capacity " +
-                              std::to_string(t.capacity()) + ")");
-        }
-        ++inserts;
-      }
+    // Queue of resolved (position, row) pairs awaiting accumulation: entries
+    // [done, resolved) are pending, at most kRowAhead of them.
+    uint32_t ring[kRing];
+    uint32_t pending[kRing];
+    uint32_t resolved = 0, done = 0;
+    auto accumulate = [&](uint32_t i, uint32_t row) {
       // This occurrence's gradient: g = c * grads[bag] (pooled) or grads[i].
-      const float* g;
+      const float* __restrict g;
       float c = 1.0f;
       bool scaled = false;
       if (r.offsets == nullptr) {
@@ -305,9 +321,9 @@ struct BatchRunner {
         acc = acc_base + static_cast<size_t>(num_unique) * dim;
         ++num_unique;
         if (scaled) {
-          for (size_t k = 0; k < dim; ++k) acc[k] = c * g[k];
+          for (size_t k = 0; k < dim; ++k) acc[k] = 0.0f + c * g[k];
         } else {
-          std::memcpy(acc, g, dim * sizeof(float));
+          for (size_t k = 0; k < dim; ++k) acc[k] = 0.0f + g[k];
         }
       } else {
         acc = acc_base + static_cast<size_t>(m.aux) * dim;
@@ -317,12 +333,64 @@ struct BatchRunner {
           for (size_t k = 0; k < dim; ++k) acc[k] = acc[k] + g[k];
         }
       }
+    };
+    auto finish = [&](uint32_t q) { accumulate(pending[q % kRing], ring[q % kRing]); };
+    std::lock_guard<std::mutex> lock(sh.mutex());
+    struct Unpin {  // runs on success and on CapacityError alike
+      Shard& sh;
+      const uint32_t* rows;
+      const uint32_t& count;
+      ~Unpin() {
+        for (uint32_t k = 0; k < count; ++k) sh.meta(rows[k]).aux = kNoRow;
+      }
+    } unpin{sh, unique, num_unique};
+    // Pass 1: every id already present is resolved, pinned and accumulated, so no insert of
+    // this call can evict a row the call is about to update. Missing ids wait for pass 2
+    // (all occurrences of a missing id do, so each row's sum keeps the id order).
+    uint32_t* missing = ws.order.data() + b;  // reused in place: slots [b, j) are done
+    uint32_t num_missing = 0;
+    for (uint32_t j = b; j < e; ++j) {
+      if (j + kSlotAhead < e) sh.prefetch(mix64(r.keys[ws.order[j + kSlotAhead]]));
+      const uint32_t i = ws.order[j];
+      const uint64_t id = r.keys[i];
+      const uint32_t row = sh.find(id, mix64(id));
+      if (row == kNoRow) {
+        // order[b + num_missing] is never ahead of order[j]: safe to overwrite.
+        missing[num_missing++] = i;
+        continue;
+      }
+      __builtin_prefetch(&sh.meta(row));
+      ring[resolved % kRing] = row;
+      pending[resolved % kRing] = i;
+      if (++resolved - done > kRowAhead) finish(done++);
+    }
+    while (done < resolved) finish(done++);
+    // Pass 2: insert the missing ids in order (an id may recur: find again first).
+    for (uint32_t k = 0; k < num_missing; ++k) {
+      const uint32_t i = missing[k];
+      const uint64_t id = r.keys[i];
+      const uint64_t hash = mix64(id);
+      uint32_t row = sh.find(id, hash);
+      if (row == kNoRow) {
+        row = t.insert_locked(s, id, hash, evictions);
+        if (row == kNoRow) {
+          add_counters(sh, 0, 0, inserts, evictions);
+          throw CapacityError("table is full: no row for id " + std::to_string(id) +
+                              " while applying gradients (capacity " +
+                              std::to_string(t.capacity()) + ")");
+        }
+        ++inserts;
+      }
+      accumulate(i, row);
     }
     const OptimizerConfig opt = t.config_.optimizer;
+    const size_t row_bytes = t.arena_.stride() * sizeof(float);
     for (uint32_t k = 0; k < num_unique; ++k) {
+      if (k + kRowAhead < num_unique) prefetch_lines(t.row_ptr(sh, unique[k + kRowAhead]), row_bytes);
       const uint32_t row = unique[k];
       apply_update(opt, t.row_ptr(sh, row), acc_base + static_cast<size_t>(k) * dim, dim);
-      sh.meta(row).flags |= kReferenced | kDirty;
+      sh.reference(row);
+      sh.meta(row).flags |= kDirty;
     }
     add_counters(sh, 0, 0, inserts, evictions);
   }
@@ -565,9 +633,11 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests) {
     Workspace& ws = *spaces[k];
     const size_t s = (task - shard_tasks.begin[k] + rot) % r.table->num_shards();
     if (ws.one_hot) {
-      BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, r.weights, r.out);
+      BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, r.weights,
+                                r.offsets != nullptr, r.out);
     } else {
-      BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, nullptr, ws.rows.data());
+      BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, nullptr, false,
+                                ws.rows.data());
     }
   });
   // 4. Pool bags in order (no locks: the gathered rows are this call's own copy).

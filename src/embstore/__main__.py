@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     width = max(len(name) for name in COMMANDS)
     listing = "\n".join(
         textwrap.fill(
-            cmd.help, width=88, initial_indent=f"  {name:<{width}}  ",
+            cmd.help,
+            width=88,
+            initial_indent=f"  {name:<{width}}  ",
             subsequent_indent=" " * (width + 4),
         )
         for name, cmd in COMMANDS.items()
@@ -54,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "command", choices=sorted(COMMANDS), metavar="COMMAND",
+        "command",
+        choices=sorted(COMMANDS),
+        metavar="COMMAND",
         help="one of: " + ", ".join(sorted(COMMANDS)),
     )
     return parser

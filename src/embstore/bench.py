@@ -52,6 +52,7 @@ __all__ = [
     "make_workload",
     "register_peer",
     "run",
+    "settle_allocator",
     "splitmix64",
     "zipf_cdf",
 ]
@@ -281,9 +282,7 @@ def make_workload(
         batches.append(Batch(batch_size, pooling, keys, rows, offsets))
     grng = np.random.default_rng([seed, dim, 2])
     grads = [grng.standard_normal((batch_size, dim), dtype=np.float32) for _ in tables]
-    return Workload(
-        num_tables, universe, batch_size, pooling, dim, seed, tables, batches, grads
-    )
+    return Workload(num_tables, universe, batch_size, pooling, dim, seed, tables, batches, grads)
 
 
 # --------------------------------------------------------------------------------------
@@ -322,8 +321,7 @@ def reference_adagrad(
     acc = np.zeros_like(g) if acc_before is None else acc_before[first].copy()
     acc += g * g
     new = before[first] - (np.float32(lr) * g) / (np.sqrt(acc) + np.float32(eps))
-    out: F32Array = new[inv.reshape(-1)]
-    return out
+    return new[inv.reshape(-1)].astype(np.float32, copy=False)
 
 
 def _max_err(a: npt.ArrayLike, b: npt.ArrayLike) -> float:
@@ -447,6 +445,89 @@ def _resident_bytes() -> int | None:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+#: Ids inserted per warm-up call (bounds the temporary output buffer).
+WARM_CHUNK = 1 << 16
+
+
+def warm_table(table: Any, ids: U64Array, dim: int) -> None:
+    """Insert ``ids`` into an embstore table in order, ``WARM_CHUNK`` at a time."""
+    buf = np.empty((min(WARM_CHUNK, max(1, ids.shape[0])), dim), dtype=np.float32)
+    for lo in range(0, ids.shape[0], WARM_CHUNK):
+        chunk = ids[lo : lo + WARM_CHUNK]
+        table.lookup(chunk, insert=True, out=buf[: chunk.shape[0]])
+
+
+def memory_probe(num_tables: int, universe: int, dim: int, threads: int | None) -> dict[str, Any]:
+    """Resident memory of ``num_tables`` warm embstore tables, measured in this process.
+
+    Meant to run in a fresh interpreter (see :func:`probe_memory`): the resident set
+    before creating the tables, after creating them (shows how much of the arena is
+    committed up front) and after inserting all ``universe`` ids of each.
+    """
+    es = importlib.import_module("embstore")
+    tables = make_tables(num_tables, universe)
+    gc.collect()
+    rss0 = _resident_bytes()
+    made = [
+        es.Table(
+            dim=dim,
+            capacity=tab.universe,
+            optimizer=es.Adagrad(lr=LR, eps=EPS, initial_accumulator=0.0),
+            initializer=es.Normal(std=0.01, seed=tab.index),
+            num_threads=threads,
+        )
+        for tab in tables
+    ]
+    rss1 = _resident_bytes()
+    for t, tab in zip(made, tables):
+        warm_table(t, tab.warm_ids, dim)
+    gc.collect()
+    rss2 = _resident_bytes()
+    rows = sum(len(t) for t in made)
+    out: dict[str, Any] = {
+        "rows": rows,
+        "dim": dim,
+        "payload_bytes_per_row": 8 + 2 * 4 * dim,
+        "stats_bytes_per_row": made[0].stats().get("bytes_per_row"),
+    }
+    if rss0 is not None and rss1 is not None and rss2 is not None and rows:
+        out.update(
+            rss_created_bytes=rss1 - rss0,
+            rss_delta_bytes=rss2 - rss0,
+            rss_bytes_per_row=(rss2 - rss0) / rows,
+        )
+    return out
+
+
+def probe_memory(num_tables: int, universe: int, dim: int, threads: int | None) -> dict[str, Any]:
+    """Run :func:`memory_probe` in a fresh interpreter and return its result.
+
+    A fresh process is needed because memory freed by earlier tables (or peers) stays in
+    this process's allocator and would hide part of the new tables' footprint.
+    """
+    es = importlib.import_module("embstore")
+    root = str(Path(str(es.__file__)).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    code = (
+        "import json; from embstore.bench import memory_probe; "
+        f"print(json.dumps(memory_probe({num_tables}, {universe}, {dim}, {threads!r})))"
+    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=3600,
+            check=True,
+        )
+        result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return {"dim": dim, "error": f"memory probe failed: {exc}"}
+    return result
+
+
 @register_peer
 class EmbstorePeer(Peer):
     """embstore: one :class:`embstore.TableGroup` call per batch for all tables."""
@@ -455,9 +536,6 @@ class EmbstorePeer(Peer):
     label = "embstore TableGroup"
     threaded = True
     hashed = True
-
-    #: Ids inserted per warm-up call (bounds the temporary output buffer).
-    WARM_CHUNK = 1 << 16
 
     def __init__(
         self, threads: int | None = None, *, capacity: int | None = None, warm: bool = True
@@ -480,8 +558,6 @@ class EmbstorePeer(Peer):
 
     def setup(self, tables: Sequence[TableData], dim: int) -> None:
         es = importlib.import_module("embstore")
-        gc.collect()
-        rss0 = _resident_bytes()
         for tab in tables:
             t = es.Table(
                 dim=dim,
@@ -492,36 +568,25 @@ class EmbstorePeer(Peer):
                 num_threads=self.threads,
             )
             if self._warm:
-                buf = np.empty((self.WARM_CHUNK, dim), dtype=np.float32)
-                for lo in range(0, tab.universe, self.WARM_CHUNK):
-                    chunk = tab.warm_ids[lo : lo + self.WARM_CHUNK]
-                    t.lookup(chunk, insert=True, out=buf[: chunk.shape[0]])
-                del buf
+                warm_table(t, tab.warm_ids, dim)
             self._tables.append(t)
             self._names.append(tab.name)
         self._group = es.TableGroup(dict(zip(self._names, self._tables)))
         if not self._warm:
             return
-        gc.collect()
-        rss1 = _resident_bytes()
         rows = sum(len(t) for t in self._tables)
         stats = [t.stats() for t in self._tables]
+        evictions = sum(int(st.get("evictions", 0)) for st in stats)
         self._extra = {
             "rows": rows,
-            "rss_delta_bytes": None if rss0 is None or rss1 is None else rss1 - rss0,
-            "rss_bytes_per_row": (
-                None if rss0 is None or rss1 is None or rows == 0 else (rss1 - rss0) / rows
-            ),
             "stats_bytes_per_row": stats[0].get("bytes_per_row"),
-            "payload_bytes_per_row": 8 + 2 * 4 * dim,
-            "evictions_during_warmup": sum(int(s.get("evictions", 0)) for s in stats),
             "num_shards": stats[0].get("num_shards"),
+            "evictions_during_warmup": evictions,
         }
         expected = sum(tab.universe for tab in tables)
-        if rows != expected or self._extra["evictions_during_warmup"]:
+        if rows != expected or evictions:
             self._extra["warning"] = (
-                f"warm-up left {rows} of {expected} ids resident "
-                f"({self._extra['evictions_during_warmup']} evictions)"
+                f"warm-up left {rows} of {expected} ids resident ({evictions} evictions)"
             )
 
     def forward(self, batch: Batch) -> Sequence[Any]:
@@ -567,10 +632,12 @@ def _dense_adagrad(
     per_id = grads if pooling == 1 else np.repeat(grads, pooling, axis=0)
     np.add.at(g, idx, per_id.reshape(-1))
     g2 = g.reshape(-1, dim)
-    a = acc[uniq]
+    a = np.take(acc, uniq, axis=0)
     a += g2 * g2
     acc[uniq] = a
-    w[uniq] -= (np.float32(LR) * g2) / (np.sqrt(a) + np.float32(EPS))
+    wu = np.take(w, uniq, axis=0)
+    wu -= (np.float32(LR) * g2) / (np.sqrt(a) + np.float32(EPS))
+    w[uniq] = wu
 
 
 def _resident_zeros(shape: tuple[int, int]) -> F32Array:
@@ -600,8 +667,12 @@ class NumpyDensePeer(Peer):
             self._acc.append(_resident_zeros((tab.universe, dim)))
 
     def forward(self, batch: Batch) -> Sequence[Any]:
+        # table[rows].reshape(B, L, D).sum(1); np.take is the same gather, 2-3x faster.
         b, lp = batch.batch_size, batch.pooling
-        return [w[r].reshape(b, lp, w.shape[1]).sum(1) for w, r in zip(self._w, batch.rows)]
+        return [
+            np.take(w, r, axis=0).reshape(b, lp, w.shape[1]).sum(1)
+            for w, r in zip(self._w, batch.rows)
+        ]
 
     def backward(self, batch: Batch, grads: Sequence[F32Array]) -> None:
         for w, a, r, g in zip(self._w, self._acc, batch.rows, grads):
@@ -662,7 +733,8 @@ class PandasIndexPeer(Peer):
         out = []
         for t, keys in enumerate(batch.keys):
             w = self._w[t]
-            out.append(w[self._rows(t, keys)].reshape(b, lp, w.shape[1]).sum(1))
+            rows = np.take(w, self._rows(t, keys), axis=0)
+            out.append(rows.reshape(b, lp, w.shape[1]).sum(1))
         return out
 
     def backward(self, batch: Batch, grads: Sequence[F32Array]) -> None:
@@ -800,7 +872,9 @@ def verify_peer(
         err = _max_err(after, ref)
         upd_err = max(upd_err, err)
         if not np.allclose(after, ref, rtol=UPD_RTOL, atol=UPD_ATOL):
-            msg = f"{peer.name}: Adagrad step of table {t} differs from numpy (max abs err {err:.3g})"
+            msg = (
+                f"{peer.name}: Adagrad step of table {t} differs from numpy (max abs err {err:.3g})"
+            )
             raise VerificationError(msg)
     result["update_max_abs_err"] = upd_err
     return result
@@ -870,7 +944,7 @@ def time_peer(
     """
     for i, batch in enumerate(wl.batches[:warmup]):
         if progress:
-            progress(f"warm-up {i + 1}/{warmup}")
+            progress(f"(warm-up {i + 1}/{warmup})")
         peer.forward(batch)
         peer.backward(batch, wl.grads)
     timed = wl.batches[warmup:]
@@ -882,7 +956,7 @@ def time_peer(
     try:
         for i, batch in enumerate(timed):
             if progress:
-                progress(f"timing {i + 1}/{len(timed)}")
+                progress(f"{i + 1}/{len(timed)}")
             t0 = clock()
             peer.forward(batch)
             t1 = clock()
@@ -911,7 +985,7 @@ class BenchConfig:
     dims: tuple[int, ...] = (32,)
     poolings: tuple[int, ...] = (1, 8)
     threads: tuple[int, ...] = (1, 2)
-    batches: int = 10
+    batches: int = 20
     warmup: int = 3
     peers: tuple[str, ...] = ("embstore", "numpy", "torch", "pandas")
     seed: int = 0
@@ -956,11 +1030,17 @@ def _git_commit() -> str:
     try:
         rev = subprocess.run(
             ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5, check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown (no git checkout)"
@@ -982,7 +1062,34 @@ def _version(dist: str) -> str:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+        pass
+    if dist == "embstore":  # run from a source tree (PYTHONPATH=src): no dist metadata
+        mod = sys.modules.get("embstore")
+        version = getattr(mod, "__version__", None)
+        if version is not None:
+            return f"{version} (source tree)"
+    return "not installed"
+
+
+def settle_allocator() -> None:
+    """Let glibc's malloc reach its steady state before anything is timed.
+
+    glibc serves blocks above ``M_MMAP_THRESHOLD`` (128 KiB at start) with fresh ``mmap``
+    pages, and raises that threshold only after such a block is freed. Until then every
+    large temporary (a [B, D] output, a gathered [B * L, D] array) page-faults on first
+    touch, which made whichever peer ran first up to 2x slower. Freeing one 24 MiB block
+    raises the threshold (and the trim threshold) once for all peers, as a long-running
+    trainer would have it.
+    """
+    block = np.ones(6 << 20, dtype=np.float32)  # 24 MiB: below glibc's 32 MiB cap
+    del block
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def environment() -> dict[str, Any]:
@@ -1012,6 +1119,10 @@ def _fmt(x: float | None, digits: int = 2) -> str:
     return f"{x:.{digits}f}"
 
 
+def _fmt_ratio(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.2f}x"
+
+
 def _fmt_rate(x: float) -> str:
     if not math.isfinite(x):
         return "n/a"
@@ -1032,8 +1143,8 @@ def format_table(rows: Sequence[ResultRow]) -> str:
         lines.append(
             f"| {r.label} | {r.dim} | {r.pooling} | {thr} | {_fmt(r.forward_ms)} "
             f"| {_fmt(r.backward_ms)} | {_fmt(r.step_ms)} | {_fmt_rate(r.ids_per_s)} "
-            f"| {_fmt_rate(r.examples_per_s)} | {_fmt(r.forward_ratio)}x "
-            f"| {_fmt(r.step_ratio)}x |"
+            f"| {_fmt_rate(r.examples_per_s)} | {_fmt_ratio(r.forward_ratio)} "
+            f"| {_fmt_ratio(r.step_ratio)} |"
         )
     return "\n".join(lines)
 
@@ -1094,6 +1205,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     tables at a time.
     """
     prog = _Progress(cfg.progress)
+    settle_allocator()
     plan, skipped = _peer_plan(cfg.peers)
     prog.stage(f"generating workload (T={cfg.num_tables}, U={cfg.universe})")
     tables = make_tables(cfg.num_tables, cfg.universe)
@@ -1101,11 +1213,22 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     measured: dict[tuple[str, int, int, int | None], Timing] = {}
     verification: list[dict[str, Any]] = []
     extras: list[dict[str, Any]] = []
+    memory: list[dict[str, Any]] = []
+    load_start = _loadavg()
     for dim in cfg.dims:
+        if any(cls.name == "embstore" for cls in plan):
+            prog.stage(f"embstore D={dim}: measuring memory in a fresh process")
+            memory.append(probe_memory(cfg.num_tables, cfg.universe, dim, max(cfg.threads)))
         workloads = {
             lp: make_workload(
-                num_tables=cfg.num_tables, universe=cfg.universe, batch_size=cfg.batch_size,
-                pooling=lp, dim=dim, num_batches=n_batches, seed=cfg.seed, tables=tables,
+                num_tables=cfg.num_tables,
+                universe=cfg.universe,
+                batch_size=cfg.batch_size,
+                pooling=lp,
+                dim=dim,
+                num_batches=n_batches,
+                seed=cfg.seed,
+                tables=tables,
             )
             for lp in cfg.poolings
         }
@@ -1118,8 +1241,12 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                     t_setup = time.perf_counter()
                     peer.setup(tables, dim)
                     info = peer.extra()
-                    info.update(peer=cls.name, dim=dim, threads=threads,
-                                setup_s=time.perf_counter() - t_setup)
+                    info.update(
+                        peer=cls.name,
+                        dim=dim,
+                        threads=threads,
+                        setup_s=time.perf_counter() - t_setup,
+                    )
                     extras.append(info)
                     for lp, wl in workloads.items():
                         prog.stage(f"{where} L={lp}: verifying")
@@ -1128,10 +1255,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                         else:
                             res = verify_peer(peer, wl.batches[0], wl.grads)
                         verification.append(
-                            {"peer": cls.name, "dim": dim, "pooling": lp, "threads": threads,
-                             **res}
+                            {"peer": cls.name, "dim": dim, "pooling": lp, "threads": threads, **res}
                         )
-                        prog.stage(f"{where} L={lp}:")
+                        prog.stage(f"{where} L={lp}: timing")
                         measured[(cls.name, dim, lp, threads)] = time_peer(
                             peer, wl, cfg.warmup, prog.update
                         )
@@ -1142,12 +1268,15 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         del workloads
     prog.done()
     rows = _result_rows(cfg, plan, measured)
+    env = environment()
+    env["loadavg_start"], env["loadavg_end"] = load_start, _loadavg()
     return {
-        "environment": environment(),
+        "environment": env,
         "config": asdict(cfg),
         "results": [asdict(r) for r in rows],
         "table": format_table(rows),
-        "memory": extras,
+        "memory": memory,
+        "setup": extras,
         "verification": verification,
         "skipped": skipped,
     }
@@ -1174,10 +1303,17 @@ def _result_rows(
                     n_ids = cfg.num_tables * cfg.batch_size * lp
                     rows.append(
                         ResultRow(
-                            peer=cls.name, label=cls.label, dim=dim, pooling=lp,
-                            threads=threads, measured_threads=key_thr,
-                            forward_ms=f, backward_ms=b, step_ms=s,
-                            ids_per_s=n_ids / (s * 1e-3), examples_per_s=cfg.batch_size / (s * 1e-3),
+                            peer=cls.name,
+                            label=cls.label,
+                            dim=dim,
+                            pooling=lp,
+                            threads=threads,
+                            measured_threads=key_thr,
+                            forward_ms=f,
+                            backward_ms=b,
+                            step_ms=s,
+                            ids_per_s=n_ids / (s * 1e-3),
+                            examples_per_s=cfg.batch_size / (s * 1e-3),
                             forward_gb_per_s=n_ids * dim * 4 / (f * 1e-3) / 1e9,
                             timed_batches=len(tm.forward),
                             forward_ratio=f / base_f if base_f else None,
@@ -1195,16 +1331,25 @@ def format_report(report: dict[str, Any]) -> str:
     out = [
         "## embstore bench: WORKLOADS.md W1 (pooled training step, warm tables)",
         "",
-        f"- commit {env['commit']}, embstore {env['embstore']}, {env['date']}",
-        f"- CPU {env['cpu']}, {env['cores']} cores ({env['cores_usable']} usable), "
-        f"Python {env['python']}, numpy {env['numpy']}, torch {env['torch']}, "
-        f"pandas {env['pandas']}",
-        f"- T={cfg['num_tables']} tables, U={cfg['universe']:,} ids each (all inserted "
-        f"before timing, placement order), B={cfg['batch_size']}, Zipf alpha {ZIPF_ALPHA}, "
-        f"Adagrad lr {LR} eps {EPS}, seed {cfg['seed']}",
-        f"- medians over {cfg['batches']} timed batches after {cfg['warmup']} warm-up steps; "
-        "step = forward + backward of the same batch; ratios are peer / embstore "
-        "(> 1: embstore is faster)",
+        (
+            f"- commit {env['commit']}, embstore {env['embstore']}, {env['date']}, load "
+            f"average {env.get('loadavg_start')} at start, {env.get('loadavg_end')} at end"
+        ),
+        (
+            f"- CPU {env['cpu']}, {env['cores']} cores ({env['cores_usable']} usable), "
+            f"Python {env['python']}, numpy {env['numpy']}, torch {env['torch']}, "
+            f"pandas {env['pandas']}"
+        ),
+        (
+            f"- T={cfg['num_tables']} tables, U={cfg['universe']:,} ids each (all inserted "
+            f"before timing, in placement order), B={cfg['batch_size']}, Zipf alpha "
+            f"{ZIPF_ALPHA}, Adagrad lr {LR} eps {EPS}, seed {cfg['seed']}"
+        ),
+        (
+            f"- medians over {cfg['batches']} timed batches after {cfg['warmup']} untimed "
+            "warm-up batches; step = forward + backward of the same batch; ratios are "
+            "peer / embstore (> 1: embstore is faster)"
+        ),
         "",
         report["table"],
         "",
@@ -1218,20 +1363,29 @@ def format_report(report: dict[str, Any]) -> str:
     for name, why in report["skipped"].items():
         out.append(f"- {name}: {why}")
     for m in report["memory"]:
-        if m.get("peer") != "embstore" or "rows" not in m:
+        if "error" in m:
+            out.append(f"- embstore memory, D={m['dim']}: {m['error']}")
             continue
         rss = m.get("rss_bytes_per_row")
         payload = m["payload_bytes_per_row"]
         overhead = f"{(rss / payload - 1) * 100:+.0f}%" if rss else "n/a"
+        created = m.get("rss_created_bytes")
         out.append(
-            f"- embstore memory, D={m['dim']} threads={m['threads']}: {m['rows']:,} rows, "
-            f"RSS delta {_fmt((m.get('rss_delta_bytes') or 0) / 2**20, 1)} MiB = "
-            f"{_fmt(rss, 1)} bytes/row (stats: {m.get('stats_bytes_per_row')} bytes/row; "
-            f"id + weights + accumulators = {payload} bytes/row, overhead {overhead}); "
-            f"build + warm-up {m['setup_s']:.1f} s"
+            f"- embstore memory, D={m['dim']} (fresh process): {m['rows']:,} rows, RSS "
+            f"+{_fmt((m.get('rss_delta_bytes') or 0) / 2**20, 1)} MiB = {_fmt(rss, 1)} "
+            f"bytes/row (of which {_fmt((created or 0) / 2**20, 1)} MiB at creation); "
+            f"stats()['bytes_per_row'] = {_fmt(m.get('stats_bytes_per_row'), 1)}; "
+            f"id + weights + accumulators = {payload} bytes/row, RSS overhead {overhead}"
         )
-        if "warning" in m:
-            out.append(f"  - WARNING: {m['warning']}")
+    for m in report["setup"]:
+        if m.get("peer") == "embstore":
+            out.append(
+                f"- embstore build + warm-up, D={m['dim']} threads={m['threads']}: "
+                f"{m['setup_s']:.1f} s for {m.get('rows', 0):,} rows"
+                f" ({m.get('num_shards')} shards per table)"
+            )
+            if "warning" in m:
+                out.append(f"  - WARNING: {m['warning']}")
     errs = report["verification"]
     if errs:
         fe = max(v["forward_max_abs_err"] for v in errs)
@@ -1240,9 +1394,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"- verified before timing: {len(errs)} (peer, D, L, threads) cases, forward "
             f"max abs err {fe:.2g}, Adagrad step max abs err {ue:.2g} vs numpy"
         )
-        exact = [
-            v for v in errs if v["peer"] == "embstore"
-        ]
+        exact = [v for v in errs if v["peer"] == "embstore"]
         if exact:
             out.append(
                 "- embstore vs numpy: forward max abs err "
@@ -1289,24 +1441,48 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
             f"--full is the canonical size (U={full.universe:,}, {full.batches} timed batches)."
         ),
     )
-    p.add_argument("--full", action="store_true",
-                   help="canonical W1 sizes (T=8, U=1,000,000, B=2048, D=32, L=1,8, "
-                        "threads 1,2, 20 timed batches); other flags override")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="canonical W1 sizes (T=8, U=1,000,000, B=2048, D=32, L=1,8, "
+        "threads 1,2, 20 timed batches); other flags override",
+    )
     p.add_argument("--tables", type=_positive_int, metavar="T", help="tables (default 8)")
-    p.add_argument("--universe", type=_positive_int, metavar="U",
-                   help=f"ids per table, all inserted before timing (default {quick.universe:,})")
+    p.add_argument(
+        "--universe",
+        type=_positive_int,
+        metavar="U",
+        help=f"ids per table, all inserted before timing (default {quick.universe:,})",
+    )
     p.add_argument("--batch", type=_positive_int, metavar="B", help="examples per batch (2048)")
     p.add_argument("--dim", type=_int_list, metavar="D[,D...]", help="embedding dims (32)")
-    p.add_argument("--pooling", type=_int_list, metavar="L[,L...]",
-                   help="ids per example per table (1,8)")
-    p.add_argument("--threads", type=_int_list, metavar="N[,N...]",
-                   help="thread counts of embstore and torch (1,2)")
-    p.add_argument("--batches", type=_positive_int, metavar="N",
-                   help=f"timed batches per case (default {quick.batches}, --full {full.batches})")
-    p.add_argument("--warmup", type=int, metavar="N",
-                   help=f"untimed steps before timing (default {quick.warmup})")
-    p.add_argument("--peers", type=_str_list, metavar="NAME[,NAME...]",
-                   help=f"peers to run, from: {', '.join(PEERS)} (default: all)")
+    p.add_argument(
+        "--pooling", type=_int_list, metavar="L[,L...]", help="ids per example per table (1,8)"
+    )
+    p.add_argument(
+        "--threads",
+        type=_int_list,
+        metavar="N[,N...]",
+        help="thread counts of embstore and torch (1,2)",
+    )
+    p.add_argument(
+        "--batches",
+        type=_positive_int,
+        metavar="N",
+        help=f"timed batches per case (default {quick.batches}, --full {full.batches})",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        metavar="N",
+        help=f"untimed steps before timing (default {quick.warmup})",
+    )
+    p.add_argument(
+        "--peers",
+        type=_str_list,
+        metavar="NAME[,NAME...]",
+        help=f"peers to run, from: {', '.join(PEERS)} (default: all)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the full report as JSON")
     p.add_argument("--seed", type=int, help="seed of the key stream and gradients (0)")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
@@ -1317,10 +1493,17 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """A :class:`BenchConfig` from parsed flags (``--full`` first, then explicit flags)."""
     cfg = BenchConfig.full() if args.full else BenchConfig()
     overrides: dict[str, Any] = {
-        "num_tables": args.tables, "universe": args.universe, "batch_size": args.batch,
-        "dims": args.dim, "poolings": args.pooling, "threads": args.threads,
-        "batches": args.batches, "warmup": args.warmup, "peers": args.peers,
-        "seed": args.seed, "json_path": args.json,
+        "num_tables": args.tables,
+        "universe": args.universe,
+        "batch_size": args.batch,
+        "dims": args.dim,
+        "poolings": args.pooling,
+        "threads": args.threads,
+        "batches": args.batches,
+        "warmup": args.warmup,
+        "peers": args.peers,
+        "seed": args.seed,
+        "json_path": args.json,
     }
     for k, v in overrides.items():
         if v is not None:

@@ -1,0 +1,83 @@
+# Hand-written stub of the compiled module (csrc/bindings.cpp). Private: use embstore.Table.
+# Arrays must already have the exact dtype, C-contiguous layout and shape (the facade in
+# embstore/table.py and embstore/group.py guarantees it); otherwise TypeError/ValueError.
+from typing import Optional
+
+import numpy as np
+import numpy.typing as npt
+
+class CapacityError(RuntimeError): ...
+
+class Table:
+    def __init__(
+        self,
+        dim: int,
+        capacity: int,
+        num_shards: int,
+        num_threads: int,
+        eviction: int,
+        optimizer: int,
+        lr: float,
+        eps: float,
+        initial_accumulator: float,
+        initializer: int,
+        init_a: float,
+        init_b: float,
+        seed: int,
+    ) -> None: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def num_shards(self) -> int: ...
+    @property
+    def num_threads(self) -> int: ...
+    def __len__(self) -> int: ...
+    def stats(self) -> dict[str, int | float]: ...
+    def lookup(
+        self, keys: npt.NDArray[np.uint64], insert: bool, out: npt.NDArray[np.float32]
+    ) -> None: ...
+    def lookup_sum(
+        self,
+        keys: npt.NDArray[np.uint64],
+        offsets: npt.NDArray[np.int64],
+        weights: Optional[npt.NDArray[np.float32]],
+        mode: int,
+        insert: bool,
+        out: npt.NDArray[np.float32],
+    ) -> None: ...
+    def apply_gradients(
+        self,
+        keys: npt.NDArray[np.uint64],
+        grads: npt.NDArray[np.float32],
+        offsets: Optional[npt.NDArray[np.int64]],
+        weights: Optional[npt.NDArray[np.float32]],
+        mode: int,
+    ) -> None: ...
+    def contains(self, keys: npt.NDArray[np.uint64], out: npt.NDArray[np.bool_]) -> None: ...
+    def erase(self, keys: npt.NDArray[np.uint64]) -> int: ...
+    def initial_values(
+        self, keys: npt.NDArray[np.uint64], out: npt.NDArray[np.float32]
+    ) -> None: ...
+
+def group_lookup_sum(
+    tables: list[Table],
+    keys: list[npt.NDArray[np.uint64]],
+    offsets: list[npt.NDArray[np.int64]],
+    weights: list[Optional[npt.NDArray[np.float32]]],
+    mode: int,
+    insert: bool,
+    outs: list[npt.NDArray[np.float32]],
+    labels: list[str],
+) -> None: ...
+def group_apply_gradients(
+    tables: list[Table],
+    keys: list[npt.NDArray[np.uint64]],
+    offsets: list[npt.NDArray[np.int64]],
+    grads: list[npt.NDArray[np.float32]],
+    weights: list[Optional[npt.NDArray[np.float32]]],
+    mode: int,
+    labels: list[str],
+) -> None: ...
+def hardware_threads() -> int: ...

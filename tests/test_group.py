@@ -1,0 +1,206 @@
+"""TableGroup: one call over several tables equals the per-table calls, bit for bit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import Config, assert_rows_equal, assert_unchanged, random_offsets, snapshot, u64
+from reference import AdagradSpec, SGDSpec, UniformSpec
+
+import embstore
+
+CONFIGS = {
+    "user": Config(dim=4, capacity=5000, optimizer=AdagradSpec(lr=0.1), num_shards=4),
+    "item": Config(
+        dim=7,
+        capacity=5000,
+        optimizer=SGDSpec(lr=0.3),
+        initializer=UniformSpec(-1.0, 1.0, seed=3),
+        num_shards=1,
+    ),
+    # One shard: eviction through the group is exact (multi-shard eviction determinism has
+    # its own test in test_eviction.py).
+    "ctx": Config(dim=1, capacity=50, optimizer=SGDSpec(lr=0.05), num_shards=1),
+}
+
+
+def _group() -> tuple[embstore.TableGroup, dict[str, embstore.Table]]:
+    """A group and an identically configured set of independent twin tables."""
+    group = embstore.TableGroup({name: cfg.table() for name, cfg in CONFIGS.items()})
+    twins = {name: cfg.table() for name, cfg in CONFIGS.items()}
+    return group, twins
+
+
+def _batch(rng: np.random.Generator, name: str, bags: int) -> tuple[np.ndarray, np.ndarray]:
+    n = int(rng.integers(0, 4 * bags + 1))
+    keys = rng.integers(0, 80 if name != "ctx" else 200, size=n).astype(np.uint64)
+    return keys, random_offsets(rng, n, bags)
+
+
+def test_mapping_interface() -> None:
+    """g[name] returns the table; iteration/names keep insertion order; unknown -> KeyError."""
+    group, _ = _group()
+    assert list(group) == ["user", "item", "ctx"]
+    assert group.names == ["user", "item", "ctx"]
+    assert group["item"].dim == 7
+    assert isinstance(group["user"], embstore.Table)
+    with pytest.raises(KeyError):
+        group["nope"]
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_group_matches_per_table_calls(mode: str, rng: np.random.Generator) -> None:
+    """Several rounds of group lookup_sum + apply_gradients (with and without weights, tables
+    of different dims and optimizers, evicting 'ctx') equal the per-table calls bitwise."""
+    group, twins = _group()
+    for rnd in range(6):
+        bags = int(rng.integers(0, 12))
+        feats: dict[str, tuple[Any, ...]] = {}
+        for name in CONFIGS:
+            keys, off = _batch(rng, name, bags)
+            if name == "item" or rnd % 2:
+                feats[name] = (
+                    keys,
+                    off,
+                    np.asarray(rng.uniform(-2, 2, size=keys.shape[0]), np.float32),
+                )
+            else:
+                feats[name] = (keys, off)
+        out = group.lookup_sum(feats, mode=mode, insert=True)
+        assert set(out) == set(CONFIGS)
+        for name, f in feats.items():
+            w = f[2] if len(f) == 3 else None
+            want = twins[name].lookup_sum(f[0], f[1], weights=w, mode=mode)
+            assert out[name].shape == (bags, CONFIGS[name].dim)
+            assert_rows_equal(out[name], want)
+        grads: dict[str, tuple[Any, ...]] = {}
+        for name, f in feats.items():
+            g = rng.normal(size=(bags, CONFIGS[name].dim)).astype(np.float32)
+            grads[name] = (f[0], f[1], g, f[2]) if len(f) == 3 else (f[0], f[1], g)
+        group.apply_gradients(grads, mode=mode)
+        for name, e in grads.items():
+            w = e[3] if len(e) == 4 else None
+            twins[name].apply_gradients(e[0], e[2], offsets=e[1], weights=w, mode=mode)
+    for name in CONFIGS:
+        universe = np.arange(200, dtype=np.uint64)
+        a, b = group[name], twins[name]
+        assert np.array_equal(a.contains(universe), b.contains(universe))
+        assert_rows_equal(a.lookup(universe, insert=False), b.lookup(universe, insert=False))
+        sa, sb = a.stats(), b.stats()
+        for k in ("size", "hits", "misses", "inserts", "evictions"):
+            assert sa[k] == sb[k], (name, k, sa[k], sb[k])
+
+
+def test_group_insert_false_and_subset() -> None:
+    """insert=False through the group inserts nothing; a call may name a subset of tables."""
+    group, twins = _group()
+    keys, off = u64([1, 2, 3]), np.array([0, 1, 3])
+    out = group.lookup_sum({"user": (keys, off)}, insert=False)
+    assert set(out) == {"user"}
+    assert np.array_equal(out["user"], np.zeros((2, 4), np.float32))
+    assert len(group["user"]) == 0
+    out = group.lookup_sum({"item": (keys, off)})
+    assert_rows_equal(out["item"], twins["item"].lookup_sum(keys, off))
+    assert len(group["user"]) == 0
+
+
+BAD_GROUP_CALLS: list[Any] = [
+    ("unknown_lookup", lambda g: g.lookup_sum({"nope": (u64([1]), [0, 1])}), KeyError, "nope"),
+    (
+        "unknown_apply",
+        lambda g: g.apply_gradients({"nope": (u64([1]), [0, 1], np.ones((1, 4), np.float32))}),
+        KeyError,
+        "nope",
+    ),
+    (
+        "unknown_after_valid",
+        lambda g: g.lookup_sum({"user": (u64([5]), [0, 1]), "nope": (u64([1]), [0, 1])}),
+        KeyError,
+        "nope",
+    ),
+    ("tuple_too_short", lambda g: g.lookup_sum({"user": (u64([1]),)}), ValueError, "user"),
+    (
+        "tuple_too_long",
+        lambda g: g.lookup_sum({"user": (u64([1]), [0, 1], np.ones(1), np.ones(1))}),
+        ValueError,
+        "user",
+    ),
+    (
+        "apply_tuple_short",
+        lambda g: g.apply_gradients({"user": (u64([1]), [0, 1])}),
+        ValueError,
+        "user",
+    ),
+    (
+        "grads_wrong_dim",
+        lambda g: g.apply_gradients({"item": (u64([5]), [0, 1], np.ones((1, 4), np.float32))}),
+        ValueError,
+        "grads",
+    ),
+    (
+        "grads_wrong_bags",
+        lambda g: g.apply_gradients({"user": (u64([5, 6]), [0, 2], np.ones((2, 4), np.float32))}),
+        ValueError,
+        "grads",
+    ),
+    (
+        "weights_wrong_length",
+        lambda g: g.lookup_sum({"item": (u64([5, 6]), [0, 2], np.ones(3, np.float32))}),
+        ValueError,
+        "weights",
+    ),
+    (
+        "offsets_bad_second_table",
+        lambda g: g.lookup_sum({"user": (u64([5]), [0, 1]), "item": (u64([5, 6]), [0, 3])}),
+        ValueError,
+        "offsets",
+    ),
+    (
+        "nan_grads_second_table",
+        lambda g: g.apply_gradients(
+            {
+                "user": (u64([5]), [0, 1], np.ones((1, 4), np.float32)),
+                "item": (u64([6]), [0, 1], np.full((1, 7), np.nan, np.float32)),
+            }
+        ),
+        ValueError,
+        "grads",
+    ),
+    (
+        "keys_float",
+        lambda g: g.lookup_sum({"user": (np.array([1.0]), [0, 1])}),
+        TypeError,
+        "keys",
+    ),
+    (
+        "bad_mode",
+        lambda g: g.lookup_sum({"user": (u64([5]), [0, 1])}, mode="max"),
+        ValueError,
+        "mode",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "match"), [b[1:] for b in BAD_GROUP_CALLS], ids=[b[0] for b in BAD_GROUP_CALLS]
+)
+def test_bad_group_calls_change_nothing(call: Any, exc: type[Exception], match: str) -> None:
+    """Unknown names raise KeyError, mismatched inputs TypeError/ValueError naming the
+    argument (or table); no table of the group changes, not even the valid ones."""
+    group, _ = _group()
+    group["user"].lookup(u64([1, 2]))
+    group["item"].lookup(u64([1]))
+    probe = u64(range(10))
+    before = {name: snapshot(group[name], probe) for name in CONFIGS}
+    with pytest.raises(exc, match=match):
+        call(group)
+    for name in CONFIGS:
+        assert_unchanged(before[name], snapshot(group[name], probe))
+
+
+def test_group_rejects_non_tables() -> None:
+    """A TableGroup holds only Tables."""
+    with pytest.raises(TypeError):
+        embstore.TableGroup({"x": object()})  # type: ignore[dict-item]
