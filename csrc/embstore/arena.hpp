@@ -5,22 +5,85 @@
 // table never uses are never touched, so resident memory follows the rows actually stored
 // and stays flat once the table is full. Not synchronised: shards own disjoint row ranges.
 //
-// ZeroedBuffer<T>: a calloc'ed array whose zero pages are materialised lazily (used for the
-// index, whose empty slot is all-zero bits).
+// ZeroedBuffer<T>: a zero-filled array (the index, whose empty slot is all-zero bits).
 #pragma once
 
 #include <cstddef>  // size_t
-#include <cstdlib>  // std::aligned_alloc, std::calloc, std::free
-#include <memory>   // std::unique_ptr
+#include <cstdlib>  // std::aligned_alloc, std::free
+#include <cstring>  // std::memset
 #include <new>      // std::bad_alloc
+#include <utility>  // std::exchange
+
+#if defined(__linux__)
+#include <sys/mman.h>  // mmap, munmap, madvise
+#endif
 
 namespace embstore {
 
-struct FreeDeleter {
-  void operator()(void* p) const noexcept { std::free(p); }
-};
-
 constexpr size_t kCacheLine = 64;
+
+// Zero-filled memory for large tables. Above kHugeThreshold it comes from mmap with
+// MADV_HUGEPAGE: the arena and index are read at random, so with 4 KiB pages nearly every
+// row access also misses the TLB; 2 MiB pages cover a 1M-row table with a few hundred TLB
+// entries. mmap memory is zero-filled on first touch, so untouched rows cost no RAM.
+class LargeBuffer {
+ public:
+  static constexpr size_t kHugeThreshold = size_t{4} << 20;
+  static constexpr size_t kHugePage = size_t{2} << 20;
+
+  LargeBuffer() = default;
+  explicit LargeBuffer(size_t bytes) : bytes_(bytes == 0 ? kCacheLine : bytes) {
+#if defined(__linux__)
+    if (bytes_ >= kHugeThreshold) {
+      bytes_ = (bytes_ + kHugePage - 1) / kHugePage * kHugePage;
+      void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      madvise(p, bytes_, MADV_HUGEPAGE);  // a hint: fine if THP is off
+      data_ = p;
+      mapped_ = true;
+      return;
+    }
+#endif
+    bytes_ = (bytes_ + kCacheLine - 1) / kCacheLine * kCacheLine;  // aligned_alloc's rule
+    data_ = std::aligned_alloc(kCacheLine, bytes_);
+    if (data_ == nullptr) throw std::bad_alloc();
+    std::memset(data_, 0, bytes_);
+  }
+  LargeBuffer(LargeBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), bytes_(o.bytes_), mapped_(o.mapped_) {}
+  LargeBuffer& operator=(LargeBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      bytes_ = o.bytes_;
+      mapped_ = o.mapped_;
+    }
+    return *this;
+  }
+  LargeBuffer(const LargeBuffer&) = delete;
+  LargeBuffer& operator=(const LargeBuffer&) = delete;
+  ~LargeBuffer() { release(); }
+
+  void* data() const noexcept { return data_; }
+
+ private:
+  void release() noexcept {
+    if (data_ == nullptr) return;
+#if defined(__linux__)
+    if (mapped_) {
+      munmap(data_, bytes_);
+      data_ = nullptr;
+      return;
+    }
+#endif
+    std::free(data_);
+    data_ = nullptr;
+  }
+
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  bool mapped_ = false;
+};
 
 // Floats per row: weights + state, rounded up to 4 floats so rows are 16-byte aligned
 // (the width of an SSE load) without padding small rows to a whole cache line.
@@ -30,39 +93,32 @@ inline size_t row_stride(size_t dim, size_t state_width) noexcept {
 
 class RowArena {
  public:
-  RowArena(size_t rows, size_t stride) : rows_(rows), stride_(stride) {
-    size_t bytes = rows * stride * sizeof(float);
-    bytes = (bytes + kCacheLine - 1) / kCacheLine * kCacheLine;  // aligned_alloc needs a multiple
-    if (bytes == 0) bytes = kCacheLine;
-    data_.reset(static_cast<float*>(std::aligned_alloc(kCacheLine, bytes)));
-    if (!data_) throw std::bad_alloc();
-  }
+  RowArena(size_t rows, size_t stride)
+      : rows_(rows), stride_(stride), buffer_(rows * stride * sizeof(float)) {}
 
-  float* row(size_t r) noexcept { return data_.get() + r * stride_; }
-  const float* row(size_t r) const noexcept { return data_.get() + r * stride_; }
+  float* row(size_t r) noexcept { return data() + r * stride_; }
+  const float* row(size_t r) const noexcept { return data() + r * stride_; }
   size_t stride() const noexcept { return stride_; }
   size_t rows() const noexcept { return rows_; }
 
  private:
+  float* data() const noexcept { return static_cast<float*>(buffer_.data()); }
   size_t rows_;
   size_t stride_;
-  std::unique_ptr<float, FreeDeleter> data_;
+  LargeBuffer buffer_;
 };
 
 template <typename T>
 class ZeroedBuffer {
  public:
-  explicit ZeroedBuffer(size_t n) : n_(n) {
-    data_.reset(static_cast<T*>(std::calloc(n == 0 ? 1 : n, sizeof(T))));
-    if (!data_) throw std::bad_alloc();
-  }
-  T* get() noexcept { return data_.get(); }
-  const T* get() const noexcept { return data_.get(); }
+  explicit ZeroedBuffer(size_t n) : n_(n), buffer_(n * sizeof(T)) {}
+  T* get() noexcept { return static_cast<T*>(buffer_.data()); }
+  const T* get() const noexcept { return static_cast<const T*>(buffer_.data()); }
   size_t size() const noexcept { return n_; }
 
  private:
   size_t n_;
-  std::unique_ptr<T, FreeDeleter> data_;
+  LargeBuffer buffer_;
 };
 
 }  // namespace embstore

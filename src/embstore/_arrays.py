@@ -9,7 +9,7 @@ C++ core, also before anything changes.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -52,7 +52,7 @@ def as_offsets(offsets: Any) -> npt.NDArray[np.int64]:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-def as_weights(weights: Any, n: int) -> Optional[npt.NDArray[np.float32]]:
+def as_weights(weights: Any, n: int) -> npt.NDArray[np.float32] | None:
     """Return per-id ``weights`` as float32 [n], or None."""
     if weights is None:
         return None

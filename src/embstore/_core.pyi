@@ -1,7 +1,6 @@
 # Hand-written stub of the compiled module (csrc/bindings.cpp). Private: use embstore.Table.
 # Arrays must already have the exact dtype, C-contiguous layout and shape (the facade in
 # embstore/table.py and embstore/group.py guarantees it); otherwise TypeError/ValueError.
-from typing import Optional
 
 import numpy as np
 import numpy.typing as npt
@@ -42,7 +41,7 @@ class Table:
         self,
         keys: npt.NDArray[np.uint64],
         offsets: npt.NDArray[np.int64],
-        weights: Optional[npt.NDArray[np.float32]],
+        weights: npt.NDArray[np.float32] | None,
         mode: int,
         insert: bool,
         out: npt.NDArray[np.float32],
@@ -51,8 +50,8 @@ class Table:
         self,
         keys: npt.NDArray[np.uint64],
         grads: npt.NDArray[np.float32],
-        offsets: Optional[npt.NDArray[np.int64]],
-        weights: Optional[npt.NDArray[np.float32]],
+        offsets: npt.NDArray[np.int64] | None,
+        weights: npt.NDArray[np.float32] | None,
         mode: int,
     ) -> None: ...
     def contains(self, keys: npt.NDArray[np.uint64], out: npt.NDArray[np.bool_]) -> None: ...
@@ -65,7 +64,7 @@ def group_lookup_sum(
     tables: list[Table],
     keys: list[npt.NDArray[np.uint64]],
     offsets: list[npt.NDArray[np.int64]],
-    weights: list[Optional[npt.NDArray[np.float32]]],
+    weights: list[npt.NDArray[np.float32] | None],
     mode: int,
     insert: bool,
     outs: list[npt.NDArray[np.float32]],
@@ -76,7 +75,7 @@ def group_apply_gradients(
     keys: list[npt.NDArray[np.uint64]],
     offsets: list[npt.NDArray[np.int64]],
     grads: list[npt.NDArray[np.float32]],
-    weights: list[Optional[npt.NDArray[np.float32]]],
+    weights: list[npt.NDArray[np.float32] | None],
     mode: int,
     labels: list[str],
 ) -> None: ...

@@ -751,6 +751,20 @@ class PandasIndexPeer(Peer):
         self._acc.clear()
 
 
+def _import_torch() -> Any:
+    """Import torch with ``OMP_WAIT_POLICY=PASSIVE`` unless the caller chose a policy.
+
+    With OpenMP's default active wait, an idle torch worker spins on its core; on a small
+    shared machine where another process holds the other core, every parallel region then
+    waits for a scheduler time slice: ``embedding_bag`` took 8 ms instead of 0.1 ms with
+    2 threads on the 2-core development VM. Passive waiting measures torch, not the
+    neighbours. The variable only takes effect if torch is not imported yet.
+    """
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return importlib.import_module("torch")
+
+
 @register_peer
 class TorchEmbeddingBagPeer(Peer):
     """torch ``embedding_bag(mode="sum", sparse=True)`` + ``torch.optim.Adagrad``, dense."""
@@ -771,13 +785,13 @@ class TorchEmbeddingBagPeer(Peer):
     @classmethod
     def unavailable(cls) -> str | None:
         try:
-            importlib.import_module("torch")
+            _import_torch()
         except ImportError:
             return "skipped: torch not installed"
         return None
 
     def setup(self, tables: Sequence[TableData], dim: int) -> None:
-        torch = importlib.import_module("torch")
+        torch = _import_torch()
         self._torch = torch
         self._saved_threads = int(torch.get_num_threads())
         if self.threads is not None:
@@ -985,8 +999,8 @@ class BenchConfig:
     dims: tuple[int, ...] = (32,)
     poolings: tuple[int, ...] = (1, 8)
     threads: tuple[int, ...] = (1, 2)
-    batches: int = 20
-    warmup: int = 3
+    batches: int = 30
+    warmup: int = 5
     peers: tuple[str, ...] = ("embstore", "numpy", "torch", "pandas")
     seed: int = 0
     json_path: str | None = None
@@ -1083,6 +1097,27 @@ def settle_allocator() -> None:
     """
     block = np.ones(6 << 20, dtype=np.float32)  # 24 MiB: below glibc's 32 MiB cap
     del block
+
+
+def _cpu_clock() -> tuple[float, float, float] | None:
+    """(wall s, busy CPU-s of the whole machine, CPU-s of this process and its children)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    busy = (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    t = os.times()
+    return time.perf_counter(), busy, t.user + t.system + t.children_user + t.children_system
+
+
+def _others_cores(start: tuple[float, float, float] | None) -> float | None:
+    """Cores used by other processes since ``start``, on average (from /proc/stat)."""
+    end = _cpu_clock()
+    if start is None or end is None or end[0] <= start[0]:
+        return None
+    return max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0]))
 
 
 def _loadavg() -> list[float] | None:
@@ -1215,6 +1250,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     extras: list[dict[str, Any]] = []
     memory: list[dict[str, Any]] = []
     load_start = _loadavg()
+    cpu_start = _cpu_clock()
     for dim in cfg.dims:
         if any(cls.name == "embstore" for cls in plan):
             prog.stage(f"embstore D={dim}: measuring memory in a fresh process")
@@ -1270,6 +1306,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     rows = _result_rows(cfg, plan, measured)
     env = environment()
     env["loadavg_start"], env["loadavg_end"] = load_start, _loadavg()
+    others = _others_cores(cpu_start)
+    env["other_processes_cores"] = None if others is None else round(others, 2)
+    env["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY")
     return {
         "environment": env,
         "config": asdict(cfg),
@@ -1332,13 +1371,14 @@ def format_report(report: dict[str, Any]) -> str:
         "## embstore bench: WORKLOADS.md W1 (pooled training step, warm tables)",
         "",
         (
-            f"- commit {env['commit']}, embstore {env['embstore']}, {env['date']}, load "
-            f"average {env.get('loadavg_start')} at start, {env.get('loadavg_end')} at end"
+            f"- commit {env['commit']}, embstore {env['embstore']}, {env['date']}; other "
+            f"processes used {_fmt(env.get('other_processes_cores'))} cores on average during "
+            f"the run (load average {env.get('loadavg_start')} at start)"
         ),
         (
             f"- CPU {env['cpu']}, {env['cores']} cores ({env['cores_usable']} usable), "
-            f"Python {env['python']}, numpy {env['numpy']}, torch {env['torch']}, "
-            f"pandas {env['pandas']}"
+            f"Python {env['python']}, numpy {env['numpy']}, torch {env['torch']} "
+            f"(OMP_WAIT_POLICY={env.get('omp_wait_policy')}), pandas {env['pandas']}"
         ),
         (
             f"- T={cfg['num_tables']} tables, U={cfg['universe']:,} ids each (all inserted "
@@ -1347,7 +1387,7 @@ def format_report(report: dict[str, Any]) -> str:
         ),
         (
             f"- medians over {cfg['batches']} timed batches after {cfg['warmup']} untimed "
-            "warm-up batches; step = forward + backward of the same batch; ratios are "
+            "warm-up batch(es); step = forward + backward of the same batch; ratios are "
             "peer / embstore (> 1: embstore is faster)"
         ),
         "",
@@ -1360,6 +1400,12 @@ def format_report(report: dict[str, Any]) -> str:
             "once per D and L, repeated in each thread group for the ratio."
         )
         out.append("")
+    others = env.get("other_processes_cores")
+    if others is not None and others > 0.2:
+        out.append(
+            f"- WARNING: other processes used {others:.2f} of the {env.get('cores')} cores on "
+            "average during this run: figures are noisy, 2-thread figures most of all."
+        )
     for name, why in report["skipped"].items():
         out.append(f"- {name}: {why}")
     for m in report["memory"]:

@@ -90,17 +90,23 @@ class TableGroup(Mapping[str, Table]):
             impls.append(table._live())
             keys.append(k)
             offsets.append(off)
-            weights.append(_arrays.as_weights(feature[2], k.shape[0]) if len(feature) == 3 else None)
+            weights.append(
+                _arrays.as_weights(feature[2], k.shape[0]) if len(feature) == 3 else None
+            )
             outs.append(np.empty((off.shape[0] - 1, table.dim), dtype=np.float32))
         _core.group_lookup_sum(
-            tables=impls, keys=keys, offsets=offsets, weights=weights, mode=code,
-            insert=bool(insert), outs=outs, labels=names,
+            tables=impls,
+            keys=keys,
+            offsets=offsets,
+            weights=weights,
+            mode=code,
+            insert=bool(insert),
+            outs=outs,
+            labels=names,
         )
         return dict(zip(names, outs))
 
-    def apply_gradients(
-        self, grads: Mapping[str, tuple[Any, ...]], *, mode: str = "sum"
-    ) -> None:
+    def apply_gradients(self, grads: Mapping[str, tuple[Any, ...]], *, mode: str = "sum") -> None:
         """Apply the backward of :meth:`lookup_sum` to several tables in one call.
 
         ``grads`` maps a table name to ``(keys, offsets, grads)`` or
@@ -127,6 +133,11 @@ class TableGroup(Mapping[str, Table]):
             )
             weights.append(_arrays.as_weights(entry[3], k.shape[0]) if len(entry) == 4 else None)
         _core.group_apply_gradients(
-            tables=impls, keys=keys, offsets=offsets, grads=grad_arrays, weights=weights,
-            mode=code, labels=names,
+            tables=impls,
+            keys=keys,
+            offsets=offsets,
+            grads=grad_arrays,
+            weights=weights,
+            mode=code,
+            labels=names,
         )

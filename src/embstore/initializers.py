@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Union
 
-__all__ = ["Zeros", "Uniform", "Normal", "TruncatedNormal", "Initializer"]
+__all__ = ["Initializer", "Normal", "TruncatedNormal", "Uniform", "Zeros"]
 
 _SEED_MOD = 2**64
 
@@ -77,4 +76,4 @@ class TruncatedNormal(Normal):
     """As :class:`Normal`, redrawing any element beyond two standard deviations."""
 
 
-Initializer = Union[Zeros, Uniform, Normal, TruncatedNormal]
+Initializer = Zeros | Uniform | Normal | TruncatedNormal

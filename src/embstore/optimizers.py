@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Union
 
 __all__ = ["SGD", "Adagrad", "Optimizer"]
 
@@ -65,4 +64,4 @@ class Adagrad:
         object.__setattr__(self, "initial_accumulator", acc)
 
 
-Optimizer = Union[SGD, Adagrad]
+Optimizer = SGD | Adagrad

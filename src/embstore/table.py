@@ -7,10 +7,11 @@ Exact semantics: ``docs/semantics.md``.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Self
 
 from embstore import _arrays, _core
 from embstore.initializers import Initializer, Normal, TruncatedNormal, Uniform, Zeros
@@ -67,11 +68,11 @@ class Table:
         dim: int,
         capacity: int,
         *,
-        optimizer: Optional[Optimizer] = None,
-        initializer: Optional[Initializer] = None,
-        num_shards: Optional[int] = None,
+        optimizer: Optimizer | None = None,
+        initializer: Initializer | None = None,
+        num_shards: int | None = None,
         eviction: str = "clock",
-        num_threads: Optional[int] = None,
+        num_threads: int | None = None,
     ) -> None:
         dim = _arrays.positive_int("dim", dim)
         capacity = _arrays.positive_int("capacity", capacity)
@@ -102,7 +103,7 @@ class Table:
         self._optimizer: Optimizer = optimizer
         self._initializer: Initializer = initializer
         self._eviction = eviction
-        self._impl: Optional[_core.Table] = _core.Table(
+        self._impl: _core.Table | None = _core.Table(
             dim=dim,
             capacity=capacity,
             num_shards=shards,
@@ -180,7 +181,7 @@ class Table:
         """
         self._impl = None
 
-    def __enter__(self) -> Table:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -199,7 +200,7 @@ class Table:
 
     # -- operations -------------------------------------------------------------------
     def lookup(
-        self, keys: npt.ArrayLike, *, insert: bool = True, out: Optional[np.ndarray] = None
+        self, keys: npt.ArrayLike, *, insert: bool = True, out: np.ndarray | None = None
     ) -> npt.NDArray[np.float32]:
         """Return the rows of ``keys`` as float32 ``[n, dim]``.
 
@@ -218,10 +219,10 @@ class Table:
         keys: npt.ArrayLike,
         offsets: npt.ArrayLike,
         *,
-        weights: Optional[npt.ArrayLike] = None,
+        weights: npt.ArrayLike | None = None,
         mode: str = "sum",
         insert: bool = True,
-        out: Optional[np.ndarray] = None,
+        out: np.ndarray | None = None,
     ) -> npt.NDArray[np.float32]:
         """Pooled lookup: return ``[len(offsets) - 1, dim]``, the sum (or mean) per bag.
 
@@ -243,8 +244,8 @@ class Table:
         keys: npt.ArrayLike,
         grads: npt.ArrayLike,
         *,
-        offsets: Optional[npt.ArrayLike] = None,
-        weights: Optional[npt.ArrayLike] = None,
+        offsets: npt.ArrayLike | None = None,
+        weights: npt.ArrayLike | None = None,
         mode: str = "sum",
     ) -> None:
         """Apply gradients with the table's fused optimizer.
