@@ -14,9 +14,10 @@ uint32_t slots_for(uint32_t rows) noexcept {
 
 }  // namespace
 
-Shard::Shard(uint32_t first_row, uint32_t num_rows)
+Shard::Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota)
     : first_row_(first_row),
       num_rows_(num_rows),
+      quota_(quota),
       num_slots_(slots_for(num_rows)),
       slots_(slots_for(num_rows)),
       meta_(num_rows),

@@ -66,8 +66,9 @@ struct ShardCounters {
 
 class alignas(64) Shard {  // 64: a shard's lock and counters never share a cache line
  public:
-  // `first_row`: this shard's first row in the table arena; `num_rows`: rows it may own.
-  Shard(uint32_t first_row, uint32_t num_rows);
+  // `first_row`: this shard's first row in the table arena; `num_rows`: rows it may own;
+  // `quota`: rows it may always hold (more only by borrowing from the table's pool).
+  Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota);
 
   std::mutex& mutex() noexcept { return mutex_; }
 
@@ -106,6 +107,8 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   RowMeta& meta(uint32_t row) noexcept { return meta_.get()[row]; }
   const RowMeta& meta(uint32_t row) const noexcept { return meta_.get()[row]; }
   uint32_t first_row() const noexcept { return first_row_; }
+  uint32_t quota() const noexcept { return quota_; }
+  uint32_t size() const noexcept { return counters.size.load(std::memory_order_relaxed); }
   uint32_t used_rows() const noexcept { return used_; }
   // Bytes of index and metadata (the arena's rows are counted by the table).
   size_t footprint_bytes() const noexcept {
@@ -134,6 +137,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   std::mutex mutex_;
   uint32_t first_row_;
   uint32_t num_rows_;
+  uint32_t quota_;
   uint32_t num_slots_;
   uint32_t used_ = 0;  // rows [0, used_) have been claimed at least once: the CLOCK ring
   uint32_t hand_ = 0;

@@ -84,7 +84,7 @@ class Table {
   size_t capacity() const noexcept { return config_.capacity; }
   size_t num_shards() const noexcept { return shards_.size(); }
   size_t num_threads() const noexcept { return config_.num_threads; }
-  size_t size() const noexcept { return live_.load(std::memory_order_relaxed); }
+  size_t size() const noexcept;
   const TableConfig& config() const noexcept { return config_; }
   TableStats stats() const;
 
@@ -115,14 +115,17 @@ class Table {
   // initial row and state. Returns the shard-local row, or kNoRow when no row can be had.
   uint32_t insert_locked(size_t shard_index, uint64_t id, uint64_t hash, uint64_t& evictions);
   uint32_t claim_row_locked(size_t shard_index, uint64_t& evictions);
-  bool try_reserve() noexcept;
-  bool evict_from_other_shard(size_t except) noexcept;
+  bool try_borrow() noexcept;
+  void give_back(size_t rows) noexcept { pool_.fetch_add(rows, std::memory_order_relaxed); }
+  std::string no_row_message(uint64_t id, size_t shard_index) const;
 
   TableConfig config_;
   unsigned shard_shift_;  // 64 - log2(num_shards); 64 means one shard
   RowArena arena_;
   std::vector<std::unique_ptr<Shard>> shards_;
-  std::atomic<size_t> live_{0};  // rows present, <= capacity
+  // Rows of capacity not in any shard's quota, lent to shards that grow beyond theirs.
+  // sum(quota) + pool_ + rows lent == capacity, so len(table) <= capacity always.
+  std::atomic<size_t> pool_{0};
 };
 
 }  // namespace embstore

@@ -793,6 +793,9 @@ class TorchEmbeddingBagPeer(Peer):
     def setup(self, tables: Sequence[TableData], dim: int) -> None:
         torch = _import_torch()
         self._torch = torch
+        # The default (no checks) made explicit, which also silences the warning
+        # torch.optim.Adagrad would print on its first sparse step.
+        torch.sparse.check_sparse_tensor_invariants.disable()
         self._saved_threads = int(torch.get_num_threads())
         if self.threads is not None:
             torch.set_num_threads(self.threads)

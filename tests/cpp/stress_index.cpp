@@ -230,6 +230,7 @@ constexpr size_t kHalf = 3;
 
 struct ChurnCounts {
   uint64_t ops = 0, looked_up = 0, erased = 0, applies = 0, big_batches = 0, bad_inputs = 0;
+  uint64_t apply_capacity_errors = 0;
   uint64_t checked_rows = 0, checked_bags = 0;
 };
 
@@ -426,8 +427,16 @@ void churn(const ChurnConfig& cc, uint64_t seed) {
           EXPECT(st.size <= cc.capacity, "stats().size " + std::to_string(st.size));
         }
       } catch (const CapacityError& e) {
-        VIOLATION(std::string("CapacityError with eviction=clock (op ") + std::to_string(op) +
-                  "): " + e.what());
+        if (op >= 60 && op < 80) {
+          // apply_gradients: errors.hpp allows CapacityError when every row of the shard is
+          // pinned by the call; with <= 8 ids a call can pin every row a shard holds (tiny
+          // capacity), and then the row must come from another shard. Counted, reported.
+          ++cnt.apply_capacity_errors;
+        } else {
+          // lookup/lookup_sum pin nothing: with eviction="clock" a row can always be had.
+          VIOLATION(std::string("CapacityError with eviction=clock from a lookup (op ") +
+                    std::to_string(op) + "): " + e.what());
+        }
       }
     }
   };
@@ -449,6 +458,7 @@ void churn(const ChurnConfig& cc, uint64_t seed) {
     total.bad_inputs += c.bad_inputs;
     total.checked_rows += c.checked_rows;
     total.checked_bags += c.checked_bags;
+    total.apply_capacity_errors += c.apply_capacity_errors;
   }
   const TableStats st = table.stats();
   std::printf("  ops=%llu applies=%llu big=%llu bad=%llu rows_checked=%llu bags_checked=%llu | "
@@ -461,6 +471,12 @@ void churn(const ChurnConfig& cc, uint64_t seed) {
               (unsigned long long)st.misses, (unsigned long long)st.inserts,
               (unsigned long long)st.evictions, (unsigned long long)st.erased);
   std::fflush(stdout);
+  if (total.apply_capacity_errors != 0) {
+    std::printf("  note: %llu apply_gradients calls raised CapacityError (every row the shard "
+                "held was pinned by the call while the table was full; the row must then come "
+                "from another shard, whose lock may be busy)\n",
+                (unsigned long long)total.apply_capacity_errors);
+  }
   EXPECT(st.size <= cc.capacity, "size " + std::to_string(st.size));
   EXPECT(st.size == table.size(), "stats().size != len(table)");
   EXPECT(st.inserts - st.evictions - st.erased == st.size,
