@@ -54,13 +54,16 @@
 #include "embstore/initializer.hpp"
 #include "embstore/table.hpp"
 
+#include "test_util.hpp"  // Ids, Floats, Offsets, random_offsets
+
 namespace {
 
 using namespace embstore;
 using Clock = std::chrono::steady_clock;
-using Ids = std::vector<uint64_t>;
-using Floats = std::vector<float>;
-using Offsets = std::vector<int64_t>;
+using embstore_test::Floats;
+using embstore_test::Ids;
+using embstore_test::Offsets;
+using embstore_test::random_offsets;
 constexpr uint64_t kMaxId = std::numeric_limits<uint64_t>::max();
 
 // ---- violations -------------------------------------------------------------------------
@@ -164,16 +167,6 @@ Ids make_universe(size_t n, uint64_t seed) {
     if (id != 0 && id != kMaxId) ids.push_back(id);
   }
   return ids;
-}
-
-Offsets random_offsets(std::mt19937_64& rng, size_t n, size_t bags) {
-  Offsets cuts(bags - 1);
-  for (int64_t& c : cuts) c = static_cast<int64_t>(rng() % (n + 1));
-  std::sort(cuts.begin(), cuts.end());
-  Offsets off{0};
-  off.insert(off.end(), cuts.begin(), cuts.end());
-  off.push_back(static_cast<int64_t>(n));
-  return off;
 }
 
 double elapsed_s(Clock::time_point since) {

@@ -43,6 +43,8 @@
 #include "embstore/table.hpp"
 #include "embstore/thread_pool.hpp"
 
+#include "test_util.hpp"  // Ids, Floats, Offsets, random_offsets
+
 // =======================================================================================
 // Harness
 // =======================================================================================
@@ -159,9 +161,10 @@ inline void check_bits_eq(const char* file, int line, const char* an, const char
 namespace {
 
 using namespace embstore;
-using Ids = std::vector<uint64_t>;
-using Floats = std::vector<float>;
-using Offsets = std::vector<int64_t>;
+using embstore_test::Floats;
+using embstore_test::Ids;
+using embstore_test::Offsets;
+using embstore_test::random_offsets;
 constexpr uint64_t kMaxId = std::numeric_limits<uint64_t>::max();
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -552,17 +555,6 @@ Floats random_floats(std::mt19937_64& rng, size_t n, float lo, float hi) {
   Floats v(n);
   for (float& x : v) x = d(rng);
   return v;
-}
-
-// Random CSR offsets for `n` ids in `bags` bags (some empty).
-Offsets random_offsets(std::mt19937_64& rng, size_t n, size_t bags) {
-  Offsets cuts(bags - 1);
-  for (int64_t& c : cuts) c = static_cast<int64_t>(rng() % (n + 1));
-  std::sort(cuts.begin(), cuts.end());
-  Offsets off{0};
-  off.insert(off.end(), cuts.begin(), cuts.end());
-  off.push_back(static_cast<int64_t>(n));
-  return off;
 }
 
 // Ids whose mixed hash has its low 32 bits below 2^24 ("low": home slot 0 in any index of at
