@@ -7,7 +7,8 @@ smoke test needs only pytest.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 

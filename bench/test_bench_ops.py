@@ -14,15 +14,15 @@ Run ``pytest bench`` for timings (``--benchmark-group-by=group`` is the default 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
 import embstore
-from embstore.bench import make_tables, splitmix64, zipf_cdf
+from embstore.bench import make_tables, reference_pool, splitmix64, zipf_cdf
 
 #: Ids per warm table. Large enough that the tables do not fit in L2, small enough that
 #: building one (up to 2 x 20 MiB at dim 256) takes well under a second.
@@ -97,15 +97,6 @@ def warm_tables() -> Iterator[Callable[..., Any]]:
 
     yield get
     cache.clear()
-
-
-def reference_pool(rows: F32Array, pooling: int) -> F32Array:
-    """Per-bag sums of ``rows``, added in order from zero (docs/semantics.md)."""
-    r3 = rows.reshape(-1, pooling, rows.shape[1])
-    out = np.zeros((r3.shape[0], r3.shape[2]), dtype=np.float32)
-    for j in range(pooling):
-        out += r3[:, j]
-    return out
 
 
 def reference_step(

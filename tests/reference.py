@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 import numpy.typing as npt
@@ -94,8 +93,8 @@ class TruncatedNormalSpec:
     mean: float = 0.0
 
 
-OptSpec = Union[SGDSpec, AdagradSpec]
-InitSpec = Union[ZerosSpec, UniformSpec, NormalSpec, TruncatedNormalSpec]
+OptSpec = SGDSpec | AdagradSpec
+InitSpec = ZerosSpec | UniformSpec | NormalSpec | TruncatedNormalSpec
 
 
 class ReferenceCapacityError(RuntimeError):
