@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from typing_extensions import Self
 
 from embstore import _arrays, _core
 from embstore.initializers import Initializer, Normal, TruncatedNormal, Uniform, Zeros
@@ -181,7 +180,7 @@ class Table:
         """
         self._impl = None
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> Table:
         return self
 
     def __exit__(self, *exc: object) -> None:
