@@ -7,7 +7,7 @@ Exact semantics: ``docs/semantics.md``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -15,6 +15,9 @@ import numpy.typing as npt
 from embstore import _arrays, _core
 from embstore.initializers import Initializer, Normal, TruncatedNormal, Uniform, Zeros
 from embstore.optimizers import SGD, Adagrad, Optimizer
+
+if TYPE_CHECKING:  # typing.Self needs Python 3.11; annotations are never evaluated at run time
+    from typing_extensions import Self
 
 __all__ = ["Table"]
 
@@ -180,7 +183,7 @@ class Table:
         """
         self._impl = None
 
-    def __enter__(self) -> Table:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
