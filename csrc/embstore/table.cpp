@@ -460,9 +460,13 @@ bool Table::try_borrow() noexcept {
 }
 
 size_t Table::size() const noexcept {
+  // Shard sizes are read one after another, without their locks: while other threads erase
+  // in one shard and borrow the freed pool row in another, the sum can count that row twice.
+  // The table itself never holds more than capacity rows (per shard, borrowed rows always
+  // equal max(0, size - quota) under its lock), so the snapshot is clamped to it.
   size_t total = 0;
   for (const auto& sh : shards_) total += sh->size();
-  return total;
+  return std::min(total, config_.capacity);
 }
 
 // A shard only ever evicts its own rows: taking a row from another shard would need that

@@ -465,9 +465,9 @@ void churn(const ChurnConfig& cc, uint64_t seed) {
               (unsigned long long)st.evictions, (unsigned long long)st.erased);
   std::fflush(stdout);
   if (total.apply_capacity_errors != 0) {
-    std::printf("  note: %llu apply_gradients calls raised CapacityError (every row the shard "
-                "held was pinned by the call while the table was full; the row must then come "
-                "from another shard, whose lock may be busy)\n",
+    std::printf("  note: %llu apply_gradients calls raised CapacityError (every row the id's "
+                "shard held was pinned by the call while the shard had to evict: the documented "
+                "case of docs/semantics.md)\n",
                 (unsigned long long)total.apply_capacity_errors);
   }
   EXPECT(st.size <= cc.capacity, "size " + std::to_string(st.size));
