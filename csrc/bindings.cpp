@@ -76,8 +76,10 @@ PoolMode to_mode(int mode) {
 
 std::shared_ptr<Table> make_table(size_t dim, size_t capacity, size_t num_shards,
                                   size_t num_threads, int eviction, int optimizer, float lr,
-                                  float eps, float initial_accumulator, int initializer,
-                                  double init_a, double init_b, uint64_t seed) {
+                                  float eps, float initial_accumulator, float momentum,
+                                  float beta1, float beta2, float weight_decay, float ftrl_beta,
+                                  float l1, float l2, int initializer, double init_a,
+                                  double init_b, uint64_t seed) {
   embstore::TableConfig c;
   c.dim = dim;
   c.capacity = capacity;
@@ -88,6 +90,13 @@ std::shared_ptr<Table> make_table(size_t dim, size_t capacity, size_t num_shards
   c.optimizer.lr = lr;
   c.optimizer.eps = eps;
   c.optimizer.initial_accumulator = initial_accumulator;
+  c.optimizer.momentum = momentum;
+  c.optimizer.beta1 = beta1;
+  c.optimizer.beta2 = beta2;
+  c.optimizer.weight_decay = weight_decay;
+  c.optimizer.ftrl_beta = ftrl_beta;
+  c.optimizer.l1 = l1;
+  c.optimizer.l2 = l2;
   c.initializer.kind = static_cast<embstore::InitializerKind>(initializer);
   c.initializer.a = init_a;
   c.initializer.b = init_b;
@@ -122,13 +131,17 @@ PYBIND11_MODULE(_core, m) {
   py::class_<Table, std::shared_ptr<Table>>(m, "Table")
       .def(py::init(&make_table), py::arg("dim"), py::arg("capacity"), py::arg("num_shards"),
            py::arg("num_threads"), py::arg("eviction"), py::arg("optimizer"), py::arg("lr"),
-           py::arg("eps"), py::arg("initial_accumulator"), py::arg("initializer"),
-           py::arg("init_a"), py::arg("init_b"), py::arg("seed"))
+           py::arg("eps"), py::arg("initial_accumulator"), py::arg("momentum"),
+           py::arg("beta1"), py::arg("beta2"), py::arg("weight_decay"), py::arg("ftrl_beta"),
+           py::arg("l1"), py::arg("l2"), py::arg("initializer"), py::arg("init_a"),
+           py::arg("init_b"), py::arg("seed"))
       .def_property_readonly("dim", &Table::dim)
       .def_property_readonly("capacity", &Table::capacity)
       .def_property_readonly("num_shards", &Table::num_shards)
       .def_property_readonly("num_threads", &Table::num_threads)
       .def("__len__", &Table::size)
+      .def_property_readonly("lr", &Table::lr)
+      .def("set_lr", &Table::set_lr, py::arg("lr"))
       .def("stats", &stats_dict)
       .def(
           "lookup",

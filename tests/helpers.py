@@ -8,10 +8,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from reference import (
+    AdagradSpec,
+    AdamSpec,
+    FTRLSpec,
     InitSpec,
     NormalSpec,
     OptSpec,
     ReferenceTable,
+    RowWiseAdagradSpec,
     SGDSpec,
     TruncatedNormalSpec,
     UniformSpec,
@@ -28,8 +32,27 @@ SGD_HALF = SGDSpec(lr=0.5)
 def store_optimizer(spec: OptSpec) -> Any:
     """The embstore optimizer object for a reference spec."""
     if isinstance(spec, SGDSpec):
-        return embstore.SGD(lr=spec.lr)
-    return embstore.Adagrad(lr=spec.lr, eps=spec.eps, initial_accumulator=spec.initial_accumulator)
+        if spec.momentum == 0.0:
+            return embstore.SGD(lr=spec.lr)
+        return embstore.SGD(lr=spec.lr, momentum=spec.momentum)
+    if isinstance(spec, AdagradSpec):
+        return embstore.Adagrad(
+            lr=spec.lr, eps=spec.eps, initial_accumulator=spec.initial_accumulator
+        )
+    if isinstance(spec, RowWiseAdagradSpec):
+        return embstore.RowWiseAdagrad(
+            lr=spec.lr, eps=spec.eps, initial_accumulator=spec.initial_accumulator
+        )
+    if isinstance(spec, AdamSpec):
+        return embstore.Adam(
+            lr=spec.lr,
+            beta1=spec.beta1,
+            beta2=spec.beta2,
+            eps=spec.eps,
+            weight_decay=spec.weight_decay,
+        )
+    assert isinstance(spec, FTRLSpec)
+    return embstore.FTRL(alpha=spec.alpha, beta=spec.beta, l1=spec.l1, l2=spec.l2)
 
 
 def store_initializer(spec: InitSpec) -> Any:

@@ -17,13 +17,18 @@ disagrees):
   every updated row has its reference bit set.
 * ``TruncatedNormal`` redraws each element on its own (element ``j`` keeps the first
   attempt whose own ``z`` satisfies ``|z| <= 2``).
+* Optimizer state belongs to the row: a row inserted by ``lookup`` or ``apply_gradients``
+  (also after an eviction or erase) starts with fresh state (Adam: ``m = v = 0``, ``t = 0``).
+  Adam's ``t`` counts the calls that updated the row (duplicates of one call are one update).
+* Every hyper-parameter is rounded to float32 first; Adam's ``float64(beta)`` is the float32
+  beta widened (not the Python double the caller passed).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -47,9 +52,10 @@ _ATTEMPT_STRIDE = 2**32
 
 @dataclass(frozen=True)
 class SGDSpec:
-    """``SGD(lr)``."""
+    """``SGD(lr, momentum)``."""
 
     lr: float
+    momentum: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,36 @@ class AdagradSpec:
     lr: float
     eps: float = 1e-8
     initial_accumulator: float = 0.0
+
+
+@dataclass(frozen=True)
+class RowWiseAdagradSpec:
+    """``RowWiseAdagrad(lr, eps, initial_accumulator)``: one accumulator per row."""
+
+    lr: float
+    eps: float = 1e-8
+    initial_accumulator: float = 0.0
+
+
+@dataclass(frozen=True)
+class AdamSpec:
+    """``Adam(lr, beta1, beta2, eps, weight_decay)``."""
+
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class FTRLSpec:
+    """``FTRL(alpha, beta, l1, l2)``: FTRL-Proximal, ``alpha`` is the learning rate."""
+
+    alpha: float
+    beta: float = 1.0
+    l1: float = 0.0
+    l2: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -93,7 +129,7 @@ class TruncatedNormalSpec:
     mean: float = 0.0
 
 
-OptSpec = SGDSpec | AdagradSpec
+OptSpec = SGDSpec | AdagradSpec | RowWiseAdagradSpec | AdamSpec | FTRLSpec
 InitSpec = ZerosSpec | UniformSpec | NormalSpec | TruncatedNormalSpec
 
 
@@ -249,6 +285,141 @@ def per_id_grads(
 
 
 # --------------------------------------------------------------------------------------
+# Optimizers (docs/semantics.md, "Optimizers"): one update of one row
+# --------------------------------------------------------------------------------------
+
+
+def _empty() -> F32Array:
+    return np.zeros(0, dtype=F32)
+
+
+@dataclass
+class RowState:
+    """A row's optimizer state; only the fields its optimizer uses are filled."""
+
+    acc: F32Array = field(default_factory=_empty)  # Adagrad [dim], RowWiseAdagrad [1]
+    buf: F32Array = field(default_factory=_empty)  # SGD momentum [dim]
+    m: F32Array = field(default_factory=_empty)  # Adam [dim]
+    v: F32Array = field(default_factory=_empty)  # Adam [dim]
+    t: int = 0  # Adam: updates applied to this row
+    z: F32Array = field(default_factory=_empty)  # FTRL [dim]
+    n: F32Array = field(default_factory=_empty)  # FTRL [dim]
+
+
+def learning_rate(spec: OptSpec) -> float:
+    """The spec's learning rate (``alpha`` for FTRL)."""
+    return spec.alpha if isinstance(spec, FTRLSpec) else spec.lr
+
+
+def with_learning_rate(spec: OptSpec, lr: float) -> OptSpec:
+    """The spec with its learning rate (``alpha`` for FTRL) replaced, as ``set_lr`` does."""
+    if not math.isfinite(lr) or lr <= 0.0:
+        msg = f"lr must be a positive finite number, got {lr!r}"
+        raise ValueError(msg)
+    if isinstance(spec, FTRLSpec):
+        return replace(spec, alpha=lr)
+    return replace(spec, lr=lr)
+
+
+def state_width(spec: OptSpec, dim: int) -> int:
+    """Floats of optimizer state per row."""
+    if isinstance(spec, SGDSpec):
+        return dim if spec.momentum > 0.0 else 0
+    if isinstance(spec, AdagradSpec):
+        return dim
+    if isinstance(spec, RowWiseAdagradSpec):
+        return 1
+    if isinstance(spec, AdamSpec):
+        return 2 * dim + 1
+    return 2 * dim
+
+
+def row_stride(spec: OptSpec, dim: int) -> int:
+    """Floats per row in the arena: weights + state, rounded up to a multiple of 4."""
+    return (dim + state_width(spec, dim) + 3) // 4 * 4
+
+
+def fresh_state(spec: OptSpec, dim: int) -> RowState:
+    """The state of a newly inserted row."""
+    if isinstance(spec, SGDSpec):
+        return RowState(buf=np.zeros(dim, F32)) if spec.momentum > 0.0 else RowState()
+    if isinstance(spec, AdagradSpec):
+        return RowState(acc=np.full(dim, F32(spec.initial_accumulator), F32))
+    if isinstance(spec, RowWiseAdagradSpec):
+        return RowState(acc=np.full(1, F32(spec.initial_accumulator), F32))
+    if isinstance(spec, AdamSpec):
+        return RowState(m=np.zeros(dim, F32), v=np.zeros(dim, F32))
+    return RowState(z=np.zeros(dim, F32), n=np.zeros(dim, F32))
+
+
+def optimizer_step(spec: OptSpec, w: F32Array, state: RowState, g: F32Array) -> F32Array:
+    """One update of row ``w`` with the summed gradient ``g``: returns the new row and
+    updates ``state`` in place. Every operand is float32 (scalars are ``np.float32``), so
+    numpy rounds each operation to float32 exactly as the FMA-free core does."""
+    w = np.asarray(w, F32)
+    g = np.asarray(g, F32)
+    if isinstance(spec, SGDSpec):
+        lr = F32(spec.lr)
+        if spec.momentum > 0.0:
+            state.buf = F32(spec.momentum) * state.buf + g
+            return w - lr * state.buf
+        return w - lr * g
+    if isinstance(spec, AdagradSpec):
+        acc = state.acc + g * g
+        state.acc = acc
+        root: F32Array = np.sqrt(acc)  # float32 in, float32 out (correctly rounded)
+        return w - (F32(spec.lr) * g) / (root + F32(spec.eps))
+    if isinstance(spec, RowWiseAdagradSpec):
+        return _rowwise_adagrad_step(spec, w, state, g)
+    if isinstance(spec, AdamSpec):
+        return _adam_step(spec, w, state, g)
+    return _ftrl_step(spec, w, state, g)
+
+
+def _rowwise_adagrad_step(
+    spec: RowWiseAdagradSpec, w: F32Array, state: RowState, g: F32Array
+) -> F32Array:
+    s = F32(0.0)
+    for gj in g.tolist():  # sequential, in order (not numpy's pairwise sum)
+        x = F32(gj)
+        s = F32(s + F32(x * x))
+    acc = F32(state.acc[0] + F32(s / F32(g.shape[0])))
+    state.acc = np.full(1, acc, F32)
+    d = F32(np.sqrt(acc) + F32(spec.eps))
+    return w - (F32(spec.lr) * g) / d
+
+
+def _adam_step(spec: AdamSpec, w: F32Array, state: RowState, g: F32Array) -> F32Array:
+    lr, b1, b2, eps = F32(spec.lr), F32(spec.beta1), F32(spec.beta2), F32(spec.eps)
+    wd = F32(spec.weight_decay)
+    state.t += 1
+    if wd != 0.0:
+        w = w - F32(lr * wd) * w
+    one = F32(1.0)
+    state.m = b1 * state.m + F32(one - b1) * g
+    state.v = b2 * state.v + (F32(one - b2) * g) * g
+    # The power in float64 of the float32 beta, 1 - power in float64, rounded once.
+    bc1 = F32(1.0 - float(b1) ** state.t)
+    bc2 = F32(1.0 - float(b2) ** state.t)
+    root: F32Array = np.sqrt(state.v / bc2)
+    return w - (lr * (state.m / bc1)) / (root + eps)
+
+
+def _ftrl_step(spec: FTRLSpec, w: F32Array, state: RowState, g: F32Array) -> F32Array:
+    alpha, beta, l1, l2 = F32(spec.alpha), F32(spec.beta), F32(spec.l1), F32(spec.l2)
+    n = state.n
+    n2 = n + g * g
+    sigma = (np.sqrt(n2) - np.sqrt(n)) / alpha
+    z = (state.z + g) - sigma * w
+    state.z = z
+    state.n = n2
+    with np.errstate(divide="ignore", invalid="ignore"):  # the discarded branch may be 0/0
+        shrunk = -(z - np.sign(z) * l1) / ((beta + np.sqrt(n2)) / alpha + l2)
+    out: F32Array = np.where(np.abs(z) <= l1, F32(0.0), shrunk).astype(F32)
+    return out
+
+
+# --------------------------------------------------------------------------------------
 # The table model
 # --------------------------------------------------------------------------------------
 
@@ -274,7 +445,7 @@ class ReferenceTable:
         self.initializer = initializer
         self.eviction = eviction
         self.weights: dict[int, F32Array] = {}
-        self.accum: dict[int, F32Array] = {}
+        self.state: dict[int, RowState] = {}
         self.slot_of: dict[int, int] = {}
         self.slot_key: dict[int, int] = {}
         self.ref: dict[int, bool] = {}
@@ -336,14 +507,13 @@ class ReferenceTable:
             victim = self.slot_key.pop(slot)
             del self.slot_of[victim]
             del self.weights[victim]
-            self.accum.pop(victim, None)
+            del self.state[victim]
             self.evictions += 1
         self.slot_key[slot] = key
         self.slot_of[key] = slot
         self.ref[slot] = True
         self.weights[key] = row.copy()
-        if isinstance(self.optimizer, AdagradSpec):
-            self.accum[key] = np.full(self.dim, F32(self.optimizer.initial_accumulator), F32)
+        self.state[key] = fresh_state(self.optimizer, self.dim)
         self.inserts += 1
 
     def _clock_victim(self, pinned: set[int]) -> int:
@@ -429,15 +599,26 @@ class ReferenceTable:
             self.ref[self.slot_of[k]] = True
 
     def _update(self, key: int, g: F32Array) -> None:
-        w = self.weights[key]
-        opt = self.optimizer
-        if isinstance(opt, SGDSpec):
-            self.weights[key] = w - F32(opt.lr) * g
-        else:
-            acc = self.accum[key] + g * g
-            self.accum[key] = acc
-            root: F32Array = np.sqrt(acc)  # float32 in, float32 out (correctly rounded)
-            self.weights[key] = w - (F32(opt.lr) * g) / (root + F32(opt.eps))
+        self.weights[key] = optimizer_step(self.optimizer, self.weights[key], self.state[key], g)
+
+    def set_lr(self, lr: float) -> None:
+        """``Table.set_lr``: later updates use learning rate ``lr`` (alpha for FTRL)."""
+        self.optimizer = with_learning_rate(self.optimizer, lr)
+
+    def row_state(self, key: int) -> RowState | None:
+        """The optimizer state of ``key`` (a copy), or None when absent."""
+        st = self.state.get(int(key) % M64)
+        if st is None:
+            return None
+        return replace(
+            st,
+            acc=st.acc.copy(),
+            buf=st.buf.copy(),
+            m=st.m.copy(),
+            v=st.v.copy(),
+            z=st.z.copy(),
+            n=st.n.copy(),
+        )
 
     def contains(self, keys: object) -> npt.NDArray[np.bool_]:
         """``Table.contains``: no side effects."""
@@ -452,7 +633,7 @@ class ReferenceTable:
                 continue
             del self.slot_key[slot]
             del self.weights[k]
-            self.accum.pop(k, None)
+            del self.state[k]
             self.ref[slot] = False
             self.free.append(slot)
             removed += 1

@@ -9,13 +9,26 @@
 
 namespace embstore {
 
-enum class OptimizerKind : uint8_t { kSgd = 0, kAdagrad = 1 };
+enum class OptimizerKind : uint8_t {
+  kSgd = 0,
+  kAdagrad = 1,
+  kRowWiseAdagrad = 2,
+  kAdam = 3,
+  kFtrl = 4,
+};
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;
-  float lr = 0.01f;
-  float eps = 1e-8f;                 // Adagrad
-  float initial_accumulator = 0.0f;  // Adagrad
+  float lr = 0.01f;                  // FTRL: alpha
+  float eps = 1e-8f;                 // Adagrad, RowWiseAdagrad, Adam
+  float initial_accumulator = 0.0f;  // Adagrad, RowWiseAdagrad
+  float momentum = 0.0f;             // SGD
+  float beta1 = 0.9f;                // Adam
+  float beta2 = 0.999f;              // Adam
+  float weight_decay = 0.0f;         // Adam (decoupled)
+  float ftrl_beta = 1.0f;            // FTRL
+  float l1 = 0.0f;                   // FTRL
+  float l2 = 0.0f;                   // FTRL
 };
 
 enum class InitializerKind : uint8_t { kZeros = 0, kUniform = 1, kNormal = 2, kTruncatedNormal = 3 };

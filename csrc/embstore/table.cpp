@@ -288,7 +288,7 @@ struct BatchRunner {
   // update per row. Rows of this batch are pinned (aux) so inserts cannot evict them.
   // Pipelined like gather_shard: resolve id j (prefetching its metadata), accumulate id j-8.
   // Note: pass 1 overwrites this shard's part of ws.order with the missing ids.
-  static void apply_shard(Table& t, size_t s, const ApplyRequest& r, Workspace& ws) {
+  static void apply_shard(Table& t, size_t s, const ApplyRequest& r, float lr, Workspace& ws) {
     const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
     if (b == e) return;
     const size_t dim = t.dim();
@@ -394,7 +394,7 @@ struct BatchRunner {
     for (uint32_t k = 0; k < num_unique; ++k) {
       if (k + kRowAhead < num_unique) prefetch_lines(t.row_ptr(sh, unique[k + kRowAhead]), row_bytes);
       const uint32_t row = unique[k];
-      apply_update(opt, t.row_ptr(sh, row), acc_base + static_cast<size_t>(k) * dim, dim);
+      apply_update(opt, lr, t.row_ptr(sh, row), acc_base + static_cast<size_t>(k) * dim, dim);
       sh.reference(row);
       sh.meta(row).flags |= kDirty;
     }
@@ -408,7 +408,8 @@ struct BatchRunner {
 Table::Table(const TableConfig& config)
     : config_(config),
       shard_shift_(64),
-      arena_(0, 1) {
+      arena_(0, 1),
+      lr_(config.optimizer.lr) {
   if (config_.dim == 0) throw std::invalid_argument("dim must be positive");
   if (config_.capacity == 0) throw std::invalid_argument("capacity must be positive");
   if (config_.num_shards == 0) config_.num_shards = default_shards(config_.capacity);
@@ -449,6 +450,13 @@ Table::Table(const TableConfig& config)
     first += rows[s];
   }
   ThreadPool::global().ensure_helpers(config_.num_threads - 1);
+}
+
+void Table::set_lr(float lr) {
+  if (!(lr > 0.0f) || !std::isfinite(lr)) {
+    throw std::invalid_argument("lr must be a positive finite number, got " + std::to_string(lr));
+  }
+  lr_.store(lr, std::memory_order_relaxed);
 }
 
 bool Table::try_borrow() noexcept {
@@ -679,6 +687,8 @@ void apply_gradients_many(std::vector<ApplyRequest>& requests) {
   }
   const size_t workers = choose_workers(total_ids, max_threads);
   ThreadPool& pool = ThreadPool::global();
+  std::vector<float> lrs(R);  // one learning rate per call, even if set_lr runs meanwhile
+  for (size_t k = 0; k < R; ++k) lrs[k] = requests[k].table->lr();
   // 2. Group by shard; map each id to its bag; size the accumulators.
   pool.run(R, workers, [&](size_t k) {
     const ApplyRequest& r = requests[k];
@@ -703,7 +713,7 @@ void apply_gradients_many(std::vector<ApplyRequest>& requests) {
     const size_t k = shard_tasks.request_of(task);
     const ApplyRequest& r = requests[k];
     const size_t s = (task - shard_tasks.begin[k] + rot) % r.table->num_shards();
-    BatchRunner::apply_shard(*r.table, s, r, *spaces[k]);
+    BatchRunner::apply_shard(*r.table, s, r, lrs[k], *spaces[k]);
   });
 }
 

@@ -86,6 +86,9 @@ class Table {
   size_t num_threads() const noexcept { return config_.num_threads; }
   size_t size() const noexcept;
   const TableConfig& config() const noexcept { return config_; }
+  // The learning rate (alpha for FTRL) used by later calls; a call reads it once.
+  float lr() const noexcept { return lr_.load(std::memory_order_relaxed); }
+  void set_lr(float lr);
   TableStats stats() const;
 
   // out[i] = row of keys[i]; see docs/semantics.md for insert=true/false.
@@ -126,6 +129,7 @@ class Table {
   // Rows of capacity not in any shard's quota, lent to shards that grow beyond theirs.
   // sum(quota) + pool_ + rows lent == capacity, so len(table) <= capacity always.
   std::atomic<size_t> pool_{0};
+  std::atomic<float> lr_;
 };
 
 }  // namespace embstore

@@ -15,16 +15,19 @@ from __future__ import annotations
 from embstore._core import CapacityError
 from embstore.group import TableGroup
 from embstore.initializers import Normal, TruncatedNormal, Uniform, Zeros
-from embstore.optimizers import SGD, Adagrad
+from embstore.optimizers import FTRL, SGD, Adagrad, Adam, RowWiseAdagrad
 from embstore.table import Table
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "FTRL",
     "SGD",
     "Adagrad",
+    "Adam",
     "CapacityError",
     "Normal",
+    "RowWiseAdagrad",
     "Table",
     "TableGroup",
     "TruncatedNormal",

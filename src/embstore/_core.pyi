@@ -19,6 +19,13 @@ class Table:
         lr: float,
         eps: float,
         initial_accumulator: float,
+        momentum: float,
+        beta1: float,
+        beta2: float,
+        weight_decay: float,
+        ftrl_beta: float,
+        l1: float,
+        l2: float,
         initializer: int,
         init_a: float,
         init_b: float,
@@ -33,6 +40,9 @@ class Table:
     @property
     def num_threads(self) -> int: ...
     def __len__(self) -> int: ...
+    @property
+    def lr(self) -> float: ...
+    def set_lr(self, lr: float) -> None: ...
     def stats(self) -> dict[str, int | float]: ...
     def lookup(
         self, keys: npt.NDArray[np.uint64], insert: bool, out: npt.NDArray[np.float32]

@@ -1,15 +1,26 @@
 """Optimizers fused into the store: one update per distinct row per call.
 
-Each optimizer is an immutable settings object; the table keeps the state (the formulas are
-in ``docs/semantics.md``).
+Each optimizer is an immutable settings object; the table keeps the state in each row, right
+after the weights (the exact float32 formulas are in ``docs/semantics.md``). State per row:
+
+==================  ===================================  ===========================
+optimizer           state                                floats per row
+==================  ===================================  ===========================
+SGD                 none (a momentum buffer if > 0)      0 (dim)
+Adagrad             accumulator per element              dim
+RowWiseAdagrad      one accumulator                      1
+Adam                m, v per element; step count t       2 * dim + 1
+FTRL                z, n per element                     2 * dim
+==================  ===================================  ===========================
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-__all__ = ["SGD", "Adagrad", "Optimizer"]
+__all__ = ["FTRL", "SGD", "Adagrad", "Adam", "Optimizer", "RowWiseAdagrad", "learning_rate"]
 
 
 def _positive_finite(name: str, value: float) -> float:
@@ -20,48 +31,117 @@ def _positive_finite(name: str, value: float) -> float:
     return value
 
 
+def _non_negative(name: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value < 0.0:
+        msg = f"{name} must be finite and >= 0, got {value!r}"
+        raise ValueError(msg)
+    return value
+
+
+def _unit_interval(name: str, value: float) -> float:
+    value = float(value)
+    if not 0.0 <= value < 1.0:
+        msg = f"{name} must be in [0, 1), got {value!r}"
+        raise ValueError(msg)
+    return value
+
+
+def _set(obj: object, name: str, value: float) -> None:
+    object.__setattr__(obj, name, value)
+
+
 @dataclass(frozen=True)
 class SGD:
-    """Plain stochastic gradient descent: ``w -= lr * g``. No optimizer state.
+    """Stochastic gradient descent: ``w -= lr * g``.
 
-    Parameters
-    ----------
-    lr : float
-        Learning rate (> 0).
+    With ``momentum > 0`` a per-element buffer: ``buf = momentum * buf + g; w -= lr * buf``.
     """
 
     lr: float
+    momentum: float = 0.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lr", _positive_finite("lr", self.lr))
+        _set(self, "lr", _positive_finite("lr", self.lr))
+        _set(self, "momentum", _unit_interval("momentum", self.momentum))
 
 
 @dataclass(frozen=True)
 class Adagrad:
-    """Element-wise Adagrad: ``acc += g*g; w -= lr * g / (sqrt(acc) + eps)``.
-
-    Parameters
-    ----------
-    lr : float
-        Learning rate (> 0).
-    eps : float
-        Added to ``sqrt(acc)`` (> 0).
-    initial_accumulator : float
-        Starting value of every accumulator element (>= 0).
-    """
+    """Element-wise Adagrad: ``acc += g*g; w -= lr * g / (sqrt(acc) + eps)``."""
 
     lr: float
     eps: float = 1e-8
     initial_accumulator: float = 0.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lr", _positive_finite("lr", self.lr))
-        object.__setattr__(self, "eps", _positive_finite("eps", self.eps))
-        acc = float(self.initial_accumulator)
-        if not math.isfinite(acc) or acc < 0.0:
-            msg = f"initial_accumulator must be finite and >= 0, got {acc!r}"
-            raise ValueError(msg)
-        object.__setattr__(self, "initial_accumulator", acc)
+        _set(self, "lr", _positive_finite("lr", self.lr))
+        _set(self, "eps", _positive_finite("eps", self.eps))
+        _set(
+            self,
+            "initial_accumulator",
+            _non_negative("initial_accumulator", self.initial_accumulator),
+        )
 
 
-Optimizer = SGD | Adagrad
+@dataclass(frozen=True)
+class RowWiseAdagrad(Adagrad):
+    """Row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD): one accumulator per row,
+    ``acc += mean(g*g)``, then ``w -= lr * g / (sqrt(acc) + eps)``."""
+
+
+@dataclass(frozen=True)
+class Adam:
+    """Adam with a per-row step count and decoupled weight decay.
+
+    ``t += 1``; ``w -= lr * weight_decay * w``; ``m = b1*m + (1-b1)*g``;
+    ``v = b2*v + (1-b2)*g*g``; ``w -= lr * (m / (1 - b1**t)) / (sqrt(v / (1 - b2**t)) + eps)``.
+    """
+
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        _set(self, "lr", _positive_finite("lr", self.lr))
+        _set(self, "beta1", _unit_interval("beta1", self.beta1))
+        _set(self, "beta2", _unit_interval("beta2", self.beta2))
+        _set(self, "eps", _positive_finite("eps", self.eps))
+        _set(self, "weight_decay", _non_negative("weight_decay", self.weight_decay))
+
+
+@dataclass(frozen=True)
+class FTRL:
+    """FTRL-Proximal (McMahan et al.), the CTR classic; ``alpha`` is the learning rate.
+
+    Per element: ``sigma = (sqrt(n + g*g) - sqrt(n)) / alpha; z += g - sigma*w; n += g*g``;
+    ``w = 0`` if ``|z| <= l1`` else ``-(z - sign(z)*l1) / ((beta + sqrt(n))/alpha + l2)``.
+    """
+
+    alpha: float
+    beta: float = 1.0
+    l1: float = 0.0
+    l2: float = 0.0
+
+    def __post_init__(self) -> None:
+        _set(self, "alpha", _positive_finite("alpha", self.alpha))
+        _set(self, "beta", _non_negative("beta", self.beta))
+        _set(self, "l1", _non_negative("l1", self.l1))
+        _set(self, "l2", _non_negative("l2", self.l2))
+
+
+Optimizer = SGD | Adagrad | RowWiseAdagrad | Adam | FTRL
+
+
+def learning_rate(optimizer: Optimizer) -> float:
+    """The optimizer's learning rate (``alpha`` for FTRL)."""
+    return optimizer.alpha if isinstance(optimizer, FTRL) else optimizer.lr
+
+
+def with_learning_rate(optimizer: Optimizer, lr: float) -> Optimizer:
+    """A copy of ``optimizer`` with another learning rate (``alpha`` for FTRL)."""
+    if isinstance(optimizer, FTRL):
+        return dataclasses.replace(optimizer, alpha=lr)
+    return dataclasses.replace(optimizer, lr=lr)

@@ -7,6 +7,7 @@ Exact semantics: ``docs/semantics.md``.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,7 +15,16 @@ import numpy.typing as npt
 
 from embstore import _arrays, _core
 from embstore.initializers import Initializer, Normal, TruncatedNormal, Uniform, Zeros
-from embstore.optimizers import SGD, Adagrad, Optimizer
+from embstore.optimizers import (
+    FTRL,
+    SGD,
+    Adagrad,
+    Adam,
+    Optimizer,
+    RowWiseAdagrad,
+    learning_rate,
+    with_learning_rate,
+)
 
 if TYPE_CHECKING:  # typing.Self needs Python 3.11; annotations are never evaluated at run time
     from typing_extensions import Self
@@ -22,7 +32,7 @@ if TYPE_CHECKING:  # typing.Self needs Python 3.11; annotations are never evalua
 __all__ = ["Table"]
 
 _EVICTION = {"none": 0, "clock": 1}
-_OPTIMIZER = {SGD: 0, Adagrad: 1}
+_OPTIMIZER = {SGD: 0, Adagrad: 1, RowWiseAdagrad: 2, Adam: 3, FTRL: 4}
 _INITIALIZER = {Zeros: 0, Uniform: 1, Normal: 2, TruncatedNormal: 3}
 
 
@@ -43,8 +53,9 @@ class Table:
         Floats per row.
     capacity : int
         Most rows the table ever holds; the arena for them is reserved up front.
-    optimizer : SGD or Adagrad, optional
-        Fused into :meth:`apply_gradients`. Default ``Adagrad(lr=0.01)``.
+    optimizer : SGD, Adagrad, RowWiseAdagrad, Adam or FTRL, optional
+        Fused into :meth:`apply_gradients`; its state lives in each row. Default
+        ``Adagrad(lr=0.01)``. The learning rate can change later (:meth:`set_lr`).
     initializer : Zeros, Uniform, Normal or TruncatedNormal, optional
         Initial row of a new id, deterministic per ``(seed, id)``.
         Default ``Normal(std=0.01, seed=0)``.
@@ -81,7 +92,10 @@ class Table:
         if optimizer is None:
             optimizer = Adagrad(lr=0.01)
         if type(optimizer) not in _OPTIMIZER:
-            msg = f"optimizer must be embstore.SGD or embstore.Adagrad, got {optimizer!r}"
+            msg = (
+                "optimizer must be embstore.SGD, Adagrad, RowWiseAdagrad, Adam or FTRL, "
+                f"got {optimizer!r}"
+            )
             raise TypeError(msg)
         if initializer is None:
             initializer = Normal(std=0.01, seed=0)
@@ -112,9 +126,16 @@ class Table:
             num_threads=threads,
             eviction=_EVICTION[eviction],
             optimizer=_OPTIMIZER[type(optimizer)],
-            lr=optimizer.lr,
+            lr=learning_rate(optimizer),
             eps=getattr(optimizer, "eps", 1e-8),
             initial_accumulator=getattr(optimizer, "initial_accumulator", 0.0),
+            momentum=getattr(optimizer, "momentum", 0.0),
+            beta1=getattr(optimizer, "beta1", 0.9),
+            beta2=getattr(optimizer, "beta2", 0.999),
+            weight_decay=getattr(optimizer, "weight_decay", 0.0),
+            ftrl_beta=optimizer.beta if isinstance(optimizer, FTRL) else 1.0,
+            l1=getattr(optimizer, "l1", 0.0),
+            l2=getattr(optimizer, "l2", 0.0),
             initializer=kind,
             init_a=a,
             init_b=b,
@@ -145,8 +166,21 @@ class Table:
 
     @property
     def optimizer(self) -> Optimizer:
-        """The optimizer's settings."""
+        """The optimizer's current settings (with the current learning rate)."""
         return self._optimizer
+
+    def set_lr(self, lr: float) -> None:
+        """Change the learning rate (``alpha`` for FTRL) for every later call.
+
+        A call already running uses one learning rate for its whole batch.
+        """
+        impl = self._live()
+        lr = float(lr)
+        if not math.isfinite(lr) or lr <= 0.0:
+            msg = f"lr must be a positive finite number, got {lr!r}"
+            raise ValueError(msg)
+        impl.set_lr(lr)
+        self._optimizer = with_learning_rate(self._optimizer, lr)
 
     @property
     def initializer(self) -> Initializer:
