@@ -1,6 +1,6 @@
 """pytest-benchmark microbenchmarks of embstore's batch operations.
 
-Groups: ``lookup``, ``lookup_sum``, ``apply`` (SGD and Adagrad) and ``insert_evict``,
+Groups: ``lookup``, ``lookup_sum``, ``apply`` (every optimizer) and ``insert_evict``,
 parametrized over ``dim`` in {16, 64, 256}, batch size, pooling factor and thread count.
 Keys are Zipf(1.05)-distributed hashed ids as in WORKLOADS.md (``splitmix64(rank)``), drawn
 before the timed region; tables are warm (all ``UNIVERSE`` ids inserted in placement order)
@@ -51,8 +51,20 @@ def bags(n_bags: int, pooling: int) -> npt.NDArray[np.int64]:
     return np.arange(0, n_bags * pooling + 1, pooling, dtype=np.int64)
 
 
+#: optimizer name -> floats of row state per weight (for the bytes-touched estimate)
+OPTIMIZERS = {"sgd": 0, "sgd_momentum": 1, "adagrad": 1, "rowwise_adagrad": 0, "adam": 2, "ftrl": 2}
+
+
 def make_optimizer(name: str) -> Any:
-    """W1's Adagrad, or plain SGD, with learning rate ``LR``."""
+    """W1's Adagrad, or another fused optimizer, with learning rate ``LR``."""
+    if name == "sgd_momentum":
+        return embstore.SGD(lr=LR, momentum=0.9)
+    if name == "rowwise_adagrad":
+        return embstore.RowWiseAdagrad(lr=LR)
+    if name == "adam":
+        return embstore.Adam(lr=LR)
+    if name == "ftrl":
+        return embstore.FTRL(alpha=LR)
     if name == "sgd":
         return embstore.SGD(lr=LR)
     return embstore.Adagrad(lr=LR, eps=1e-8, initial_accumulator=0.0)
@@ -102,13 +114,23 @@ def warm_tables() -> Iterator[Callable[..., Any]]:
 def reference_step(
     optimizer: str, keys: U64Array, before: F32Array, per_id_grads: F32Array
 ) -> tuple[U64Array, F32Array]:
-    """Distinct keys and their rows after one optimizer step from zero accumulators."""
+    """Distinct keys and their rows after one optimizer step from fresh state (zero
+    accumulators and moments; the first step's closed forms)."""
     uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
     g = np.zeros((uniq.shape[0], before.shape[1]), dtype=np.float32)
     np.add.at(g, inv.reshape(-1), per_id_grads)
     w = before[first]
-    if optimizer == "sgd":
-        return uniq, w - np.float32(LR) * g
+    lr, eps = np.float32(LR), np.float32(1e-8)
+    if optimizer in ("sgd", "sgd_momentum"):  # the momentum buffer starts at g
+        return uniq, w - lr * g
+    if optimizer == "rowwise_adagrad":
+        acc = np.mean(g * g, axis=1, keepdims=True)
+        return uniq, w - (lr * g) / (np.sqrt(acc) + eps)
+    if optimizer == "adam":  # bias-corrected first step: m_hat = g, v_hat = g*g
+        return uniq, w - (lr * g) / (np.abs(g) + eps)
+    if optimizer == "ftrl":  # z = g - sigma*w with sigma = |g|/alpha; n = g*g; beta 1, no l1/l2
+        z = g - (np.abs(g) / lr) * w
+        return uniq, -z / ((np.float32(1.0) + np.abs(g)) / lr)
     acc = g * g
     return uniq, w - (np.float32(LR) * g) / (np.sqrt(acc) + np.float32(1e-8))
 
@@ -180,7 +202,7 @@ def test_lookup_sum(
 @pytest.mark.parametrize("threads", THREADS)
 @pytest.mark.parametrize("form", ["per-id", "bags-L8"])
 @pytest.mark.parametrize("dim", DIMS)
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 def test_apply(
     benchmark: Any,
     warm_tables: Callable[..., Any],
@@ -213,7 +235,7 @@ def test_apply(
 
     t = warm_tables("update", dim, optimizer, threads)
     benchmark.extra_info["ids_per_call"] = n
-    _gbps(benchmark, np.unique(keys).shape[0] * dim * 4 * (2 if optimizer == "sgd" else 4))
+    _gbps(benchmark, np.unique(keys).shape[0] * dim * 4 * 2 * (1 + OPTIMIZERS[optimizer]))
     benchmark(t.apply_gradients, keys, grads, offsets=offsets)
 
 
