@@ -358,6 +358,13 @@ def optimizer_step(spec: OptSpec, w: F32Array, state: RowState, g: F32Array) -> 
     numpy rounds each operation to float32 exactly as the FMA-free core does."""
     w = np.asarray(w, F32)
     g = np.asarray(g, F32)
+    out = _step(spec, w, state, g)
+    for arr in (out, state.acc, state.buf, state.m, state.v, state.z, state.n):
+        assert arr.dtype == F32, arr.dtype  # no silent float64 promotion
+    return out
+
+
+def _step(spec: OptSpec, w: F32Array, state: RowState, g: F32Array) -> F32Array:
     if isinstance(spec, SGDSpec):
         lr = F32(spec.lr)
         if spec.momentum > 0.0:
@@ -409,12 +416,14 @@ def _ftrl_step(spec: FTRLSpec, w: F32Array, state: RowState, g: F32Array) -> F32
     alpha, beta, l1, l2 = F32(spec.alpha), F32(spec.beta), F32(spec.l1), F32(spec.l2)
     n = state.n
     n2 = n + g * g
-    sigma = (np.sqrt(n2) - np.sqrt(n)) / alpha
-    z = (state.z + g) - sigma * w
+    root_n2: F32Array = np.sqrt(n2)
+    root_n: F32Array = np.sqrt(n)
+    sigma: F32Array = (root_n2 - root_n) / alpha
+    z: F32Array = (state.z + g) - sigma * w
     state.z = z
     state.n = n2
     with np.errstate(divide="ignore", invalid="ignore"):  # the discarded branch may be 0/0
-        shrunk = -(z - np.sign(z) * l1) / ((beta + np.sqrt(n2)) / alpha + l2)
+        shrunk = -(z - np.sign(z) * l1) / ((beta + root_n2) / alpha + l2)
     out: F32Array = np.where(np.abs(z) <= l1, F32(0.0), shrunk).astype(F32)
     return out
 
