@@ -15,6 +15,7 @@
 #include <vector>   // std::vector
 
 #include "embstore/errors.hpp"       // CapacityError
+#include "embstore/metrics.hpp"      // Timer, metrics_enabled
 #include "embstore/table.hpp"        // Table, lookup_sum_many, apply_gradients_many
 #include "embstore/thread_pool.hpp"  // ThreadPool
 
@@ -119,6 +120,20 @@ py::dict stats_dict(const Table& t) {
   d["erased"] = s.erased;
   d["row_stride"] = s.row_stride;
   d["bytes_per_row"] = s.bytes_per_row;
+  py::dict latency;  // only what was recorded since the last reset
+  for (size_t k = 0; k < static_cast<size_t>(embstore::Timer::kCount); ++k) {
+    const embstore::LatencySummary l = t.timers()[k].summary();
+    if (l.count == 0) continue;
+    py::dict e;
+    e["count"] = l.count;
+    e["p50_us"] = l.p50_us;
+    e["p95_us"] = l.p95_us;
+    e["p99_us"] = l.p99_us;
+    e["max_us"] = l.max_us;
+    e["mean_us"] = l.mean_us;
+    latency[embstore::timer_name(static_cast<embstore::Timer>(k))] = e;
+  }
+  d["latency"] = latency;
   return d;
 }
 
@@ -143,6 +158,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("lr", &Table::lr)
       .def("set_lr", &Table::set_lr, py::arg("lr"))
       .def("stats", &stats_dict)
+      .def("reset_timers", &Table::reset_timers)
       .def(
           "lookup",
           [](Table& t, const py::array& keys, bool insert, const py::array& out) {
@@ -284,4 +300,23 @@ PYBIND11_MODULE(_core, m) {
       py::arg("mode"), py::arg("labels"));
 
   m.def("hardware_threads", &embstore::ThreadPool::hardware_threads);
+  m.def("metrics_enabled", &embstore::metrics_enabled);
+  m.def("set_metrics_enabled", &embstore::set_metrics_enabled, py::arg("on"));
+  m.def(
+      "histogram_summary",
+      [](const std::vector<uint64_t>& values_ns) {
+        // Test seam: the percentile summary of given durations, as the tables compute it.
+        embstore::LatencyHistogram h;
+        for (uint64_t v : values_ns) h.record(v);
+        const embstore::LatencySummary l = h.summary();
+        py::dict e;
+        e["count"] = l.count;
+        e["p50_us"] = l.p50_us;
+        e["p95_us"] = l.p95_us;
+        e["p99_us"] = l.p99_us;
+        e["max_us"] = l.max_us;
+        e["mean_us"] = l.mean_us;
+        return e;
+      },
+      py::arg("values_ns"));
 }

@@ -464,6 +464,7 @@ def test_empty_batches() -> None:
     t = CFG.table()
     t.lookup(u64([1, 2]))
     st = t.stats()
+    st.pop("latency")  # the calls' own timings, not table state
     empty = np.zeros(0, np.uint64)
     r = t.lookup(empty)
     assert r.shape == (0, DIM)
@@ -481,7 +482,9 @@ def test_empty_batches() -> None:
     assert c.dtype == np.bool_
     assert t.erase(empty) == 0
     assert t.initial_values(empty).shape == (0, DIM)
-    assert t.stats() == st
+    after = t.stats()
+    after.pop("latency")
+    assert after == st
     assert len(t) == 2
 
 

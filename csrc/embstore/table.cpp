@@ -1,6 +1,8 @@
 #include "embstore/table.hpp"
 
 #include <algorithm>  // std::min, std::max, std::upper_bound
+#include <array>      // std::array
+#include <chrono>     // std::chrono::steady_clock
 #include <cmath>      // std::isfinite, std::sqrt, std::ceil
 #include <cstring>    // std::memcpy, std::memset
 #include <numeric>    // std::iota
@@ -146,6 +148,41 @@ struct TaskSpace {
     return static_cast<size_t>(std::upper_bound(begin.begin(), begin.end(), task) -
                                begin.begin()) - 1;
   }
+};
+
+// Times the consecutive stages of one batch call (one clock read per stage, none when
+// metrics are off) and records them, and the whole call, into every table of the call.
+class StageClock {
+ public:
+  StageClock() : on_(metrics_enabled()) {
+    if (on_) start_ = last_ = std::chrono::steady_clock::now();
+  }
+  void lap(Timer stage) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    ns_[static_cast<size_t>(stage)] += to_ns(now - last_);
+    last_ = now;
+  }
+  template <typename Requests>
+  void record(const Requests& requests, Timer op) const {
+    if (!on_) return;
+    const uint64_t total = to_ns(std::chrono::steady_clock::now() - start_);
+    for (const auto& r : requests) {
+      r.table->timer(op).record(total);
+      for (size_t k = 0; k < ns_.size(); ++k) {
+        if (ns_[k] != 0) r.table->timer(static_cast<Timer>(k)).record(ns_[k]);
+      }
+    }
+  }
+
+ private:
+  template <typename D>
+  static uint64_t to_ns(D d) {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+  }
+  bool on_;
+  std::chrono::steady_clock::time_point start_, last_;
+  std::array<uint64_t, static_cast<size_t>(Timer::kCount)> ns_{};
 };
 
 }  // namespace
@@ -540,7 +577,7 @@ TableStats Table::stats() const {
 void Table::lookup(const uint64_t* keys, size_t n, bool insert, float* out) {
   std::vector<LookupSumRequest> one{
       LookupSumRequest{this, keys, n, nullptr, n, nullptr, PoolMode::kSum, insert, out, {}}};
-  lookup_sum_many(one);
+  lookup_sum_many(one, Timer::kLookup);
 }
 
 void Table::lookup_sum(const uint64_t* keys, size_t n, const int64_t* offsets, size_t num_bags,
@@ -559,6 +596,7 @@ void Table::apply_gradients(const uint64_t* keys, size_t n, const float* grads,
 }
 
 void Table::contains(const uint64_t* keys, size_t n, bool* out) {
+  ScopedTimer timed(&timer(Timer::kContains));
   Workspace& ws = workspace(0);
   BatchRunner::plan(*this, keys, n, ws);
   const size_t rot = rotation();
@@ -575,6 +613,7 @@ void Table::contains(const uint64_t* keys, size_t n, bool* out) {
 }
 
 size_t Table::erase(const uint64_t* keys, size_t n) {
+  ScopedTimer timed(&timer(Timer::kErase));
   Workspace& ws = workspace(0);
   BatchRunner::plan(*this, keys, n, ws);
   std::atomic<size_t> removed{0};
@@ -614,7 +653,8 @@ void Table::initial_values(const uint64_t* keys, size_t n, float* out) const {
 // ---------------------------------------------------------------------------------------
 // Multi-table batches
 
-void lookup_sum_many(std::vector<LookupSumRequest>& requests) {
+void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
+  StageClock clock;
   const size_t R = requests.size();
   std::vector<Workspace*> spaces = caller_workspaces(R);
   size_t total_ids = 0, max_threads = 1;
@@ -633,12 +673,14 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests) {
   }
   const size_t workers = choose_workers(total_ids, max_threads);
   ThreadPool& pool = ThreadPool::global();
+  clock.lap(Timer::kStageValidate);
   // 2. Group each request's ids by shard; size the gather buffers of pooled requests.
   pool.run(R, workers, [&](size_t k) {
     const LookupSumRequest& r = requests[k];
     BatchRunner::plan(*r.table, r.keys, r.n, *spaces[k]);
     if (!spaces[k]->one_hot) spaces[k]->rows.resize(r.n * r.table->dim());
   });
+  clock.lap(Timer::kStagePlan);
   // 3. One task per (request, shard): copy rows under the shard lock. One-hot requests
   //    write straight into the output; others into the gather buffer.
   TaskSpace shard_tasks;
@@ -657,6 +699,7 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests) {
                                 ws.rows.data());
     }
   });
+  clock.lap(Timer::kStageGather);
   // 4. Pool bags in order (no locks: the gathered rows are this call's own copy).
   TaskSpace pool_tasks;
   for (size_t k = 0; k < R; ++k) {
@@ -670,9 +713,12 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests) {
     BatchRunner::pool_bags(r, r.table->dim(), spaces[k]->rows.data(), lo,
                            std::min(r.num_bags, lo + kBagsPerPoolTask));
   });
+  if (pool_tasks.total() != 0) clock.lap(Timer::kStagePool);
+  clock.record(requests, op);
 }
 
 void apply_gradients_many(std::vector<ApplyRequest>& requests) {
+  StageClock clock;
   const size_t R = requests.size();
   std::vector<Workspace*> spaces = caller_workspaces(R);
   size_t total_ids = 0, max_threads = 1;
@@ -689,6 +735,7 @@ void apply_gradients_many(std::vector<ApplyRequest>& requests) {
   ThreadPool& pool = ThreadPool::global();
   std::vector<float> lrs(R);  // one learning rate per call, even if set_lr runs meanwhile
   for (size_t k = 0; k < R; ++k) lrs[k] = requests[k].table->lr();
+  clock.lap(Timer::kStageValidate);
   // 2. Group by shard; map each id to its bag; size the accumulators.
   pool.run(R, workers, [&](size_t k) {
     const ApplyRequest& r = requests[k];
@@ -705,6 +752,7 @@ void apply_gradients_many(std::vector<ApplyRequest>& requests) {
       }
     }
   });
+  clock.lap(Timer::kStagePlan);
   // 3. One task per (request, shard): sum duplicates, then one fused update per row.
   TaskSpace shard_tasks;
   for (const ApplyRequest& r : requests) shard_tasks.add(r.table->num_shards());
@@ -715,6 +763,8 @@ void apply_gradients_many(std::vector<ApplyRequest>& requests) {
     const size_t s = (task - shard_tasks.begin[k] + rot) % r.table->num_shards();
     BatchRunner::apply_shard(*r.table, s, r, lrs[k], *spaces[k]);
   });
+  clock.lap(Timer::kStageUpdate);
+  clock.record(requests, Timer::kApplyGradients);
 }
 
 }  // namespace embstore

@@ -27,7 +27,8 @@
 #include <vector>   // std::vector
 
 #include "embstore/arena.hpp"   // RowArena
-#include "embstore/config.hpp"  // TableConfig
+#include "embstore/config.hpp"   // TableConfig
+#include "embstore/metrics.hpp"  // TimerSet, Timer
 #include "embstore/shard.hpp"   // Shard
 
 namespace embstore {
@@ -71,7 +72,9 @@ struct ApplyRequest {
 };
 
 // Runs the requests of several tables as one parallel batch (all tables in one crossing).
-void lookup_sum_many(std::vector<LookupSumRequest>& requests);
+// `op` names the operation in the tables' latency histograms; a call over several tables
+// records its whole duration (and each stage's) into every table it touches.
+void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op = Timer::kLookupSum);
 void apply_gradients_many(std::vector<ApplyRequest>& requests);
 
 class Table {
@@ -90,6 +93,12 @@ class Table {
   float lr() const noexcept { return lr_.load(std::memory_order_relaxed); }
   void set_lr(float lr);
   TableStats stats() const;
+  // Latency histograms of operations and batch stages (see metrics.hpp).
+  const TimerSet& timers() const noexcept { return timers_; }
+  LatencyHistogram& timer(Timer t) noexcept { return timers_[static_cast<size_t>(t)]; }
+  void reset_timers() noexcept {
+    for (auto& h : timers_) h.reset();
+  }
 
   // out[i] = row of keys[i]; see docs/semantics.md for insert=true/false.
   void lookup(const uint64_t* keys, size_t n, bool insert, float* out);  // out: (n, dim)
@@ -104,7 +113,7 @@ class Table {
   void initial_values(const uint64_t* keys, size_t n, float* out) const;  // out: (n, dim)
 
  private:
-  friend void lookup_sum_many(std::vector<LookupSumRequest>& requests);
+  friend void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op);
   friend void apply_gradients_many(std::vector<ApplyRequest>& requests);
   friend struct BatchRunner;
 
@@ -130,6 +139,7 @@ class Table {
   // sum(quota) + pool_ + rows lent == capacity, so len(table) <= capacity always.
   std::atomic<size_t> pool_{0};
   std::atomic<float> lr_;
+  TimerSet timers_;
 };
 
 }  // namespace embstore

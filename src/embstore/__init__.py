@@ -12,6 +12,7 @@ optimizer updates with per-shard locking and the GIL released.
 
 from __future__ import annotations
 
+from embstore import metrics
 from embstore._core import CapacityError
 from embstore.group import TableGroup
 from embstore.initializers import Normal, TruncatedNormal, Uniform, Zeros
@@ -34,4 +35,5 @@ __all__ = [
     "Uniform",
     "Zeros",
     "__version__",
+    "metrics",
 ]

@@ -65,6 +65,11 @@ class TableGroup(Mapping[str, Table]):
             msg = f"unknown table {name!r}; the group has {self.names}"
             raise KeyError(msg) from None
 
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """``Table.stats()`` of every table, by name (a group call's latency is recorded into
+        each table it touches)."""
+        return {name: table.stats() for name, table in self._tables.items()}
+
     def lookup_sum(
         self,
         features: Mapping[str, tuple[Any, ...]],

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _core
+from embstore import _arrays, _core, metrics
 from embstore.initializers import Initializer, Normal, TruncatedNormal, Uniform, Zeros
 from embstore.optimizers import (
     FTRL,
@@ -142,6 +142,7 @@ class Table:
             seed=seed,
         )
         self._dim = dim
+        metrics.register(self)
 
     # -- properties -------------------------------------------------------------------
     @property
@@ -331,5 +332,11 @@ class Table:
 
     def stats(self) -> dict[str, Any]:
         """Return counters: size, capacity, dim, num_shards, hits, misses, inserts,
-        evictions, erased, row_stride (floats) and bytes_per_row."""
+        evictions, erased, row_stride (floats), bytes_per_row, and ``latency``: per
+        operation and batch stage, ``{"count", "p50_us", "p95_us", "p99_us", "max_us",
+        "mean_us"}`` (see :mod:`embstore.metrics`)."""
         return dict(self._live().stats())
+
+    def reset_metrics(self) -> None:
+        """Clear this table's latency histograms (counters are kept)."""
+        self._live().reset_timers()

@@ -1,0 +1,108 @@
+#include "embstore/metrics.hpp"
+
+#include <cstdlib>  // std::getenv
+#include <cstring>  // std::strcmp
+
+namespace embstore {
+namespace {
+
+std::atomic<bool>& enabled_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* env = std::getenv("EMBSTORE_METRICS");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }()};
+  return flag;
+}
+
+}  // namespace
+
+bool metrics_enabled() noexcept { return enabled_flag().load(std::memory_order_relaxed); }
+void set_metrics_enabled(bool on) noexcept { enabled_flag().store(on, std::memory_order_relaxed); }
+
+size_t LatencyHistogram::bucket_of(uint64_t ns) noexcept {
+  if (ns < (uint64_t{1} << kMinExp)) return 0;
+  const int exp = 63 - __builtin_clzll(ns);
+  if (exp >= kMaxExp) return kBuckets - 1;
+  const size_t sub = static_cast<size_t>((ns >> (exp - kSubBits)) & ((1u << kSubBits) - 1));
+  return 1 + static_cast<size_t>(exp - kMinExp) * (1u << kSubBits) + sub;
+}
+
+double LatencyHistogram::bucket_upper_ns(size_t bucket) noexcept {
+  if (bucket == 0) return static_cast<double>(uint64_t{1} << kMinExp);
+  const size_t k = bucket - 1;
+  const int exp = kMinExp + static_cast<int>(k >> kSubBits);
+  const double sub = static_cast<double>(k & ((1u << kSubBits) - 1));
+  const double base = static_cast<double>(uint64_t{1} << exp);
+  return base + (sub + 1.0) * base / (1 << kSubBits);
+}
+
+void LatencyHistogram::record(uint64_t ns) noexcept {
+  buckets_[bucket_of(ns)].fetch_add(1, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+  sum_ns_.fetch_add(ns, std::memory_order_relaxed);
+  uint64_t seen = max_ns_.load(std::memory_order_relaxed);
+  while (ns > seen && !max_ns_.compare_exchange_weak(seen, ns, std::memory_order_relaxed)) {
+  }
+}
+
+LatencySummary LatencyHistogram::summary() const noexcept {
+  LatencySummary s;
+  std::array<uint64_t, kBuckets> counts;
+  uint64_t total = 0;
+  for (size_t b = 0; b < kBuckets; ++b) {
+    counts[b] = buckets_[b].load(std::memory_order_relaxed);
+    total += counts[b];
+  }
+  s.count = total;
+  if (total == 0) return s;
+  const double max_ns = static_cast<double>(max_ns_.load(std::memory_order_relaxed));
+  // The q-quantile is the upper bound of the bucket holding the ceil(q * total)-th value,
+  // capped by the largest value seen.
+  auto quantile = [&](double q) {
+    const uint64_t rank = static_cast<uint64_t>(q * static_cast<double>(total) + 0.999999);
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < kBuckets; ++b) {
+      cumulative += counts[b];
+      if (cumulative >= rank) {
+        const double v = bucket_upper_ns(b);
+        return (v < max_ns ? v : max_ns) / 1000.0;
+      }
+    }
+    return max_ns / 1000.0;
+  };
+  s.p50_us = quantile(0.50);
+  s.p95_us = quantile(0.95);
+  s.p99_us = quantile(0.99);
+  s.max_us = max_ns / 1000.0;
+  const uint64_t n = count_.load(std::memory_order_relaxed);
+  s.mean_us = n == 0 ? 0.0
+                     : static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) /
+                           static_cast<double>(n) / 1000.0;
+  return s;
+}
+
+void LatencyHistogram::reset() noexcept {
+  for (auto& b : buckets_) b.store(0, std::memory_order_relaxed);
+  count_.store(0, std::memory_order_relaxed);
+  sum_ns_.store(0, std::memory_order_relaxed);
+  max_ns_.store(0, std::memory_order_relaxed);
+}
+
+const char* timer_name(Timer t) noexcept {
+  switch (t) {
+    case Timer::kLookup: return "lookup";
+    case Timer::kLookupSum: return "lookup_sum";
+    case Timer::kApplyGradients: return "apply_gradients";
+    case Timer::kContains: return "contains";
+    case Timer::kErase: return "erase";
+    case Timer::kStageValidate: return "stage.validate";
+    case Timer::kStagePlan: return "stage.plan";
+    case Timer::kStageGather: return "stage.gather";
+    case Timer::kStagePool: return "stage.pool";
+    case Timer::kStageUpdate: return "stage.update";
+    case Timer::kCount: break;
+  }
+  return "?";
+}
+
+}  // namespace embstore

@@ -1,0 +1,88 @@
+// File: embstore/metrics.hpp
+//
+// Latency histograms cheap enough to leave on: log-linear buckets (8 per power of two, so
+// a percentile is exact to within 12.5%) of relaxed atomic counters. Recording is one
+// clock read per stage and one fetch_add, lock-free; reading merges nothing but the
+// buckets, so a snapshot taken while others record is approximate but never torn per bucket.
+// A process-wide switch (EMBSTORE_METRICS=0 at start, or set_metrics_enabled) turns every
+// timer into a no-op.
+#pragma once
+
+#include <array>    // std::array
+#include <atomic>   // std::atomic
+#include <chrono>   // std::chrono::steady_clock
+#include <cstddef>  // size_t
+#include <cstdint>  // uint64_t
+
+namespace embstore {
+
+bool metrics_enabled() noexcept;
+void set_metrics_enabled(bool on) noexcept;
+
+struct LatencySummary {
+  uint64_t count = 0;
+  double p50_us = 0, p95_us = 0, p99_us = 0, max_us = 0, mean_us = 0;
+};
+
+class LatencyHistogram {
+ public:
+  static constexpr int kSubBits = 3;                 // 8 sub-buckets per power of two
+  static constexpr int kMinExp = 7;                  // below 128 ns: bucket 0
+  static constexpr int kMaxExp = 40;                 // ~18 minutes: last bucket
+  static constexpr size_t kBuckets = 1 + (kMaxExp - kMinExp) * (1 << kSubBits);
+
+  void record(uint64_t ns) noexcept;
+  LatencySummary summary() const noexcept;
+  void reset() noexcept;
+
+  // Bucket of a duration, and the upper bound of a bucket (the value percentiles report).
+  static size_t bucket_of(uint64_t ns) noexcept;
+  static double bucket_upper_ns(size_t bucket) noexcept;
+
+ private:
+  std::array<std::atomic<uint64_t>, kBuckets> buckets_{};
+  std::atomic<uint64_t> count_{0}, sum_ns_{0}, max_ns_{0};
+};
+
+// What a table times: its operations, then the stages of a batch.
+enum class Timer : uint8_t {
+  kLookup,
+  kLookupSum,
+  kApplyGradients,
+  kContains,
+  kErase,
+  kStageValidate,  // argument checks (offsets, finite values)
+  kStagePlan,      // grouping ids by shard
+  kStageGather,    // index probe + row copy under the shard locks
+  kStagePool,      // per-bag sums
+  kStageUpdate,    // duplicate sums + fused optimizer, under the shard locks
+  kCount
+};
+const char* timer_name(Timer t) noexcept;
+
+using TimerSet = std::array<LatencyHistogram, static_cast<size_t>(Timer::kCount)>;
+
+// Times a scope into `histogram` when metrics are enabled (one steady_clock read each end).
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(LatencyHistogram* histogram) noexcept
+      : histogram_(metrics_enabled() ? histogram : nullptr),
+        start_(histogram_ ? std::chrono::steady_clock::now()
+                          : std::chrono::steady_clock::time_point{}) {}
+  ~ScopedTimer() {
+    if (histogram_ != nullptr) {
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - start_)
+                          .count();
+      histogram_->record(static_cast<uint64_t>(ns));
+    }
+  }
+  ScopedTimer(const ScopedTimer&) = delete;
+  ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+ private:
+  LatencyHistogram* histogram_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace embstore

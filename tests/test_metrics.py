@@ -1,0 +1,158 @@
+"""Latency metrics: histogram percentiles, per-operation and per-stage counts, the on/off
+switch, reset, and lock-free recording under threads (embstore.metrics)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import embstore
+from embstore import _core
+
+OPS = ("lookup", "lookup_sum", "apply_gradients", "contains", "erase")
+
+
+@pytest.fixture(autouse=True)
+def _metrics_on() -> Iterator[None]:
+    """Every test starts (and ends) with metrics on."""
+    embstore.metrics.enable(True)
+    yield
+    embstore.metrics.enable(True)
+
+
+def _table(**kw: object) -> embstore.Table:
+    return embstore.Table(dim=4, capacity=4096, optimizer=embstore.SGD(lr=0.1), **kw)  # type: ignore[arg-type]
+
+
+def _exercise(t: embstore.Table, rounds: int) -> None:
+    keys = np.arange(600, dtype=np.uint64)
+    offsets = np.arange(0, 601, 3)
+    for _ in range(rounds):
+        t.lookup(keys)
+        t.lookup_sum(keys, offsets)
+        t.apply_gradients(keys, np.ones((200, 4), np.float32), offsets=offsets)
+        t.contains(keys)
+        t.erase(keys[:1])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_percentiles_are_within_one_bucket_of_the_exact_quantile(seed: int) -> None:
+    """Each reported percentile is >= the exact quantile and at most 12.5% above it (one
+    log-linear bucket), capped by the exact maximum; count and max are exact."""
+    rng = np.random.default_rng(seed)
+    values = np.concatenate(
+        [rng.integers(200, 5_000, 900), rng.integers(5_000, 2_000_000, 100)]
+    ).astype(np.int64)
+    s = _core.histogram_summary([int(v) for v in values])
+    assert s["count"] == values.size
+    assert s["max_us"] == pytest.approx(values.max() / 1000.0)
+    assert s["mean_us"] == pytest.approx(values.mean() / 1000.0, rel=1e-9)
+    ordered = np.sort(values)
+    for q, key in ((0.50, "p50_us"), (0.95, "p95_us"), (0.99, "p99_us")):
+        exact = ordered[int(np.ceil(q * values.size)) - 1] / 1000.0
+        assert exact <= s[key] <= min(exact * 1.125 + 1e-9, s["max_us"]), (q, exact, s[key])
+
+
+def test_tail_shows_in_p99_not_p50() -> None:
+    """99 fast calls and one slow one: P50 is fast; P99 (the 99th value) still fast; max
+    shows the outlier. With 2 slow calls in 100, P99 is slow."""
+    one_slow = _core.histogram_summary([1_000] * 99 + [5_000_000])
+    assert one_slow["p50_us"] < 1.2 and one_slow["p99_us"] < 1.2
+    assert one_slow["max_us"] == pytest.approx(5000.0)
+    two_slow = _core.histogram_summary([1_000] * 98 + [5_000_000] * 2)
+    assert two_slow["p99_us"] > 4000
+
+
+def test_every_operation_and_stage_is_counted() -> None:
+    t = _table()
+    _exercise(t, rounds=7)
+    lat = t.stats()["latency"]
+    for op in OPS:
+        assert lat[op]["count"] == 7, op
+    # lookup and lookup_sum both run validate/plan/gather; apply runs validate/plan/update.
+    assert lat["stage.gather"]["count"] == 14
+    assert lat["stage.plan"]["count"] == 21
+    assert lat["stage.update"]["count"] == 7
+    assert lat["stage.pool"]["count"] == 7  # only lookup_sum with bags of 3 pools
+    for entry in lat.values():
+        assert 0 < entry["p50_us"] <= entry["p95_us"] <= entry["p99_us"] <= entry["max_us"]
+
+
+def test_group_calls_are_recorded_in_every_table() -> None:
+    a, b = _table(), _table()
+    g = embstore.TableGroup({"a": a, "b": b})
+    keys, offsets = np.arange(10, dtype=np.uint64), np.arange(0, 11, 5)
+    for _ in range(3):
+        g.lookup_sum({"a": (keys, offsets), "b": (keys, offsets)})
+        g.apply_gradients({"a": (keys, offsets, np.ones((2, 4), np.float32))})
+    stats = g.stats()
+    assert set(stats) == {"a", "b"}
+    assert stats["a"]["latency"]["lookup_sum"]["count"] == 3
+    assert stats["b"]["latency"]["lookup_sum"]["count"] == 3
+    assert stats["a"]["latency"]["apply_gradients"]["count"] == 3
+    assert "apply_gradients" not in stats["b"]["latency"]
+
+
+def test_disabled_metrics_record_nothing_and_resume() -> None:
+    t = _table()
+    _exercise(t, rounds=2)
+    before = t.stats()["latency"]
+    embstore.metrics.enable(False)
+    assert not embstore.metrics.enabled()
+    _exercise(t, rounds=3)
+    assert t.stats()["latency"] == before
+    embstore.metrics.enable(True)
+    _exercise(t, rounds=1)
+    assert t.stats()["latency"]["lookup"]["count"] == 3
+
+
+def test_reset_starts_a_new_window_for_every_open_table() -> None:
+    a, b, c = _table(), _table(), _table()
+    for t in (a, b, c):
+        _exercise(t, rounds=2)
+    c.close()
+    embstore.metrics.reset()
+    assert a.stats()["latency"] == {} and b.stats()["latency"] == {}
+    assert a.stats()["inserts"] > 0  # counters are not latency: they stay
+    _exercise(a, rounds=1)
+    assert a.stats()["latency"]["lookup"]["count"] == 1
+
+
+def test_concurrent_recording_loses_nothing() -> None:
+    """8 threads x 200 lookups each: exactly 1600 lookups recorded (lock-free counters)."""
+    t = _table(num_threads=2)
+    keys = np.arange(64, dtype=np.uint64)
+    t.lookup(keys)
+    t.reset_metrics()
+
+    def work() -> None:
+        for _ in range(200):
+            t.lookup(keys, insert=False)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert t.stats()["latency"]["lookup"]["count"] == 1600
+
+
+def test_environment_switch_turns_metrics_off() -> None:
+    """EMBSTORE_METRICS=0 in the environment: off from the start, nothing recorded."""
+    code = (
+        "import numpy as np, embstore\n"
+        "t = embstore.Table(dim=2, capacity=16)\n"
+        "t.lookup(np.arange(4, dtype=np.uint64))\n"
+        "print(embstore.metrics.enabled(), t.stats()['latency'])\n"
+    )
+    env = dict(os.environ, EMBSTORE_METRICS="0")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["False", "{}"]
