@@ -118,6 +118,9 @@ py::dict stats_dict(const Table& t) {
   d["inserts"] = s.inserts;
   d["evictions"] = s.evictions;
   d["erased"] = s.erased;
+  d["lock_waits"] = s.lock_waits;
+  d["lock_wait_us"] = static_cast<double>(s.lock_wait_ns) / 1000.0;
+  d["arena_bytes_in_use"] = s.arena_bytes_in_use;
   d["row_stride"] = s.row_stride;
   d["bytes_per_row"] = s.bytes_per_row;
   py::dict latency;  // only what was recorded since the last reset
@@ -261,7 +264,7 @@ PYBIND11_MODULE(_core, m) {
                          labels[k]};
         }
         py::gil_scoped_release release;
-        embstore::lookup_sum_many(requests);
+        embstore::lookup_sum_many(requests, embstore::Timer::kGroupLookupSum);
       },
       py::arg("tables"), py::arg("keys"), py::arg("offsets"), py::arg("weights"), py::arg("mode"),
       py::arg("insert"), py::arg("outs"), py::arg("labels"));
@@ -294,7 +297,7 @@ PYBIND11_MODULE(_core, m) {
                          labels[k]};
         }
         py::gil_scoped_release release;
-        embstore::apply_gradients_many(requests);
+        embstore::apply_gradients_many(requests, embstore::Timer::kGroupApplyGradients);
       },
       py::arg("tables"), py::arg("keys"), py::arg("offsets"), py::arg("grads"), py::arg("weights"),
       py::arg("mode"), py::arg("labels"));

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,10 +94,12 @@ def test_group_calls_are_recorded_in_every_table() -> None:
         g.apply_gradients({"a": (keys, offsets, np.ones((2, 4), np.float32))})
     stats = g.stats()
     assert set(stats) == {"a", "b"}
-    assert stats["a"]["latency"]["lookup_sum"]["count"] == 3
-    assert stats["b"]["latency"]["lookup_sum"]["count"] == 3
-    assert stats["a"]["latency"]["apply_gradients"]["count"] == 3
-    assert "apply_gradients" not in stats["b"]["latency"]
+    assert stats["a"]["latency"]["group.lookup_sum"]["count"] == 3
+    assert stats["b"]["latency"]["group.lookup_sum"]["count"] == 3
+    assert stats["a"]["latency"]["group.apply_gradients"]["count"] == 3
+    assert "group.apply_gradients" not in stats["b"]["latency"]
+    assert "lookup_sum" not in stats["a"]["latency"]  # group calls have their own names
+    assert stats["a"]["latency"]["stage.gather"]["count"] == 3
 
 
 def test_disabled_metrics_record_nothing_and_resume() -> None:
@@ -156,3 +159,93 @@ def test_environment_switch_turns_metrics_off() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.split()
     assert out == ["False", "{}"]
+
+
+def test_counters_lock_waits_and_arena_bytes() -> None:
+    """arena_bytes_in_use = rows claimed x row bytes; lock waits are counted under
+    contention (8 threads on one shard) and their time is positive when counted."""
+    t = embstore.Table(dim=8, capacity=1000, num_shards=1, optimizer=embstore.SGD(lr=0.1))
+    st0 = t.stats()
+    assert st0["arena_bytes_in_use"] == 0 and st0["lock_waits"] == 0
+    keys = np.arange(100, dtype=np.uint64)
+    t.lookup(keys)
+    st = t.stats()
+    assert st["arena_bytes_in_use"] == 100 * st["row_stride"] * 4
+    t.erase(keys[:10])
+    t.lookup(keys[:10])  # reuses the freed rows: no new arena rows
+    assert t.stats()["arena_bytes_in_use"] == 100 * st["row_stride"] * 4
+
+    def work() -> None:
+        for _ in range(300):
+            t.lookup(keys, insert=False)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    st = t.stats()
+    assert st["lock_waits"] >= 0
+    assert (st["lock_waits"] == 0) == (st["lock_wait_us"] == 0)
+
+
+def test_prometheus_text_parses_and_matches_stats() -> None:
+    parser = pytest.importorskip("prometheus_client.parser")
+    t = embstore.Table(dim=4, capacity=64, optimizer=embstore.SGD(lr=0.1), name='we"ird')
+    g = embstore.TableGroup({"user": _table()})
+    t.lookup(np.arange(5, dtype=np.uint64))
+    g.lookup_sum({"user": (np.arange(6, dtype=np.uint64), np.array([0, 3, 6]))})
+    text = embstore.metrics.prometheus_text()
+    families = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    inserts = {s.labels["table"]: s.value for s in families["embstore_inserts"].samples}
+    assert inserts['we"ird'] == 5 and inserts["user"] == 6
+    lat = [
+        s
+        for s in families["embstore_latency_seconds"].samples
+        if s.labels.get("table") == "user" and s.labels.get("name") == "group.lookup_sum"
+    ]
+    by_kind = {(s.name, s.labels.get("quantile")): s.value for s in lat}
+    assert by_kind[("embstore_latency_seconds_count", None)] == 1
+    p50 = g["user"].stats()["latency"]["group.lookup_sum"]["p50_us"] / 1e6
+    assert by_kind[("embstore_latency_seconds", "0.5")] == pytest.approx(p50, rel=1e-6)
+    t.close()
+
+
+def test_report_file_gets_lines_within_two_intervals(tmp_path: Path) -> None:
+    """EMBSTORE_PERF_REPORT_PATH set: within two intervals the file has one line per
+    recorded name, in the documented format; the process exits cleanly."""
+    path = os.path.join(str(tmp_path), "perf.log")
+    code = (
+        "import time, numpy as np, embstore\n"
+        "t = embstore.Table(dim=2, capacity=64, name='clicks')\n"
+        "t.lookup(np.arange(4, dtype=np.uint64))\n"
+        "t.lookup_sum(np.arange(4, dtype=np.uint64), np.array([0, 2, 4]))\n"
+        "time.sleep(0.5)\n"  # two intervals of 200 ms, plus slack
+    )
+    env = dict(os.environ, EMBSTORE_PERF_REPORT_PATH=path, EMBSTORE_PERF_INTERVAL_MS="200")
+    env.pop("EMBSTORE_METRICS", None)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    names = {ln.split()[2] for ln in lines}
+    assert {"name=lookup", "name=lookup_sum", "name=stage.gather"} <= names
+    for ln in lines:
+        stamp, table, *rest = ln.split()
+        assert float(stamp) > 1e9 and table == "table=clicks"
+        fields = dict(kv.split("=") for kv in rest)
+        assert set(fields) == {"name", "count", "p50_us", "p95_us", "p99_us", "max_us"}
+        assert int(fields["count"]) >= 1
+        assert float(fields["p50_us"]) <= float(fields["p99_us"]) <= float(fields["max_us"])
+
+
+def test_prometheus_collector_serves_the_tables() -> None:
+    """register_prometheus_collector: a prometheus_client registry exposes embstore's
+    counters and latency summaries (prometheus_client is an optional extra)."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    embstore.metrics.register_prometheus_collector(registry)
+    t = embstore.Table(dim=2, capacity=32, name="scraped")
+    t.lookup(np.arange(3, dtype=np.uint64))
+    exposed = prometheus_client.generate_latest(registry).decode()
+    assert 'embstore_inserts_total{table="scraped"} 3.0' in exposed
+    assert 'embstore_latency_seconds_count{name="lookup",table="scraped"} 1.0' in exposed

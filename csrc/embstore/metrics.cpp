@@ -95,6 +95,8 @@ const char* timer_name(Timer t) noexcept {
     case Timer::kApplyGradients: return "apply_gradients";
     case Timer::kContains: return "contains";
     case Timer::kErase: return "erase";
+    case Timer::kGroupLookupSum: return "group.lookup_sum";
+    case Timer::kGroupApplyGradients: return "group.apply_gradients";
     case Timer::kStageValidate: return "stage.validate";
     case Timer::kStagePlan: return "stage.plan";
     case Timer::kStageGather: return "stage.gather";

@@ -51,6 +51,8 @@ enum class Timer : uint8_t {
   kApplyGradients,
   kContains,
   kErase,
+  kGroupLookupSum,        // TableGroup.lookup_sum (recorded in every table of the call)
+  kGroupApplyGradients,   // TableGroup.apply_gradients
   kStageValidate,  // argument checks (offsets, finite values)
   kStagePlan,      // grouping ids by shard
   kStageGather,    // index probe + row copy under the shard locks

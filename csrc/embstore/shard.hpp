@@ -21,6 +21,7 @@
 #pragma once
 
 #include <atomic>   // std::atomic
+#include <chrono>   // std::chrono::steady_clock
 #include <cstddef>  // size_t
 #include <cstdint>  // uint64_t, uint32_t
 #include <mutex>    // std::mutex
@@ -57,6 +58,7 @@ static_assert(sizeof(RowMeta) == 16, "RowMeta is 16 bytes");
 // updated with load+store (no locked instruction on the hot path).
 struct ShardCounters {
   std::atomic<uint64_t> hits{0}, misses{0}, inserts{0}, evictions{0}, erased{0};
+  std::atomic<uint64_t> lock_waits{0}, lock_wait_ns{0};  // acquisitions that had to block
   std::atomic<uint32_t> size{0};
 
   static void add(std::atomic<uint64_t>& c, uint64_t d) noexcept {
@@ -71,6 +73,22 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota);
 
   std::mutex& mutex() noexcept { return mutex_; }
+  // Takes the shard lock, counting (and timing) the acquisitions that have to wait: the
+  // uncontended path is one try_lock and reads no clock.
+  std::unique_lock<std::mutex> lock() {
+    std::unique_lock<std::mutex> held(mutex_, std::try_to_lock);
+    if (!held.owns_lock()) {
+      const auto start = std::chrono::steady_clock::now();
+      held.lock();
+      const auto waited = std::chrono::steady_clock::now() - start;
+      ShardCounters::add(counters.lock_waits, 1);
+      ShardCounters::add(
+          counters.lock_wait_ns,
+          static_cast<uint64_t>(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count()));
+    }
+    return held;
+  }
 
   // Row (shard-local) of `id`, or kNoRow. `hash` is mix64(id).
   uint32_t find(uint64_t id, uint64_t hash) const noexcept {

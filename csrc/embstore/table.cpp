@@ -249,7 +249,7 @@ struct BatchRunner {
         std::memcpy(out, src, dim * sizeof(float));
       }
     };
-    std::lock_guard<std::mutex> lock(sh.mutex());
+    const auto lock = sh.lock();
     for (uint32_t j = b; j < e; ++j) {
       if (j + kSlotAhead < e) sh.prefetch(mix64(keys[ws.order[j + kSlotAhead]]));
       const uint64_t id = keys[ws.order[j]];
@@ -380,7 +380,7 @@ struct BatchRunner {
       }
     };
     auto finish = [&](uint32_t q) { accumulate(pending[q % kRing], ring[q % kRing]); };
-    std::lock_guard<std::mutex> lock(sh.mutex());
+    const auto lock = sh.lock();
     struct Unpin {  // runs on success and on CapacityError alike
       Shard& sh;
       const uint32_t* rows;
@@ -566,6 +566,9 @@ TableStats Table::stats() const {
     st.inserts += sh->counters.inserts.load(std::memory_order_relaxed);
     st.evictions += sh->counters.evictions.load(std::memory_order_relaxed);
     st.erased += sh->counters.erased.load(std::memory_order_relaxed);
+    st.lock_waits += sh->counters.lock_waits.load(std::memory_order_relaxed);
+    st.lock_wait_ns += sh->counters.lock_wait_ns.load(std::memory_order_relaxed);
+    st.arena_bytes_in_use += static_cast<uint64_t>(sh->used_rows()) * arena_.stride() * sizeof(float);
     meta_and_index += sh->footprint_bytes();
   }
   const double arena_bytes = static_cast<double>(arena_.rows() * arena_.stride() * sizeof(float));
@@ -604,7 +607,7 @@ void Table::contains(const uint64_t* keys, size_t n, bool* out) {
                            [&](size_t task) {
     const size_t s = (task + rot) % shards_.size();
     Shard& sh = *shards_[s];
-    std::lock_guard<std::mutex> lock(sh.mutex());
+    const auto lock = sh.lock();
     for (uint32_t j = ws.shard_begin[s]; j < ws.shard_begin[s + 1]; ++j) {
       const uint32_t i = ws.order[j];
       out[i] = sh.find(keys[i], mix64(keys[i])) != kNoRow;
@@ -623,7 +626,7 @@ size_t Table::erase(const uint64_t* keys, size_t n) {
     const size_t s = (task + rot) % shards_.size();
     Shard& sh = *shards_[s];
     size_t count = 0;
-    std::lock_guard<std::mutex> lock(sh.mutex());
+    const auto lock = sh.lock();
     size_t returned = 0;
     for (uint32_t j = ws.shard_begin[s]; j < ws.shard_begin[s + 1]; ++j) {
       const uint64_t id = keys[ws.order[j]];
@@ -717,7 +720,7 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
   clock.record(requests, op);
 }
 
-void apply_gradients_many(std::vector<ApplyRequest>& requests) {
+void apply_gradients_many(std::vector<ApplyRequest>& requests, Timer op) {
   StageClock clock;
   const size_t R = requests.size();
   std::vector<Workspace*> spaces = caller_workspaces(R);
@@ -764,7 +767,7 @@ void apply_gradients_many(std::vector<ApplyRequest>& requests) {
     BatchRunner::apply_shard(*r.table, s, r, lrs[k], *spaces[k]);
   });
   clock.lap(Timer::kStageUpdate);
-  clock.record(requests, Timer::kApplyGradients);
+  clock.record(requests, op);
 }
 
 }  // namespace embstore

@@ -38,6 +38,8 @@ enum class PoolMode : uint8_t { kSum = 0, kMean = 1 };
 struct TableStats {
   size_t size = 0, capacity = 0, dim = 0, num_shards = 0, row_stride = 0;
   uint64_t hits = 0, misses = 0, inserts = 0, evictions = 0, erased = 0;
+  uint64_t lock_waits = 0, lock_wait_ns = 0;  // shard-lock acquisitions that blocked
+  uint64_t arena_bytes_in_use = 0;            // rows ever claimed x row bytes
   double bytes_per_row = 0;  // arena + metadata + index bytes per row of capacity
 };
 
@@ -75,7 +77,8 @@ struct ApplyRequest {
 // `op` names the operation in the tables' latency histograms; a call over several tables
 // records its whole duration (and each stage's) into every table it touches.
 void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op = Timer::kLookupSum);
-void apply_gradients_many(std::vector<ApplyRequest>& requests);
+void apply_gradients_many(std::vector<ApplyRequest>& requests,
+                          Timer op = Timer::kApplyGradients);
 
 class Table {
  public:
@@ -114,7 +117,7 @@ class Table {
 
  private:
   friend void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op);
-  friend void apply_gradients_many(std::vector<ApplyRequest>& requests);
+  friend void apply_gradients_many(std::vector<ApplyRequest>& requests, Timer op);
   friend struct BatchRunner;
 
   size_t shard_of(uint64_t hash) const noexcept {

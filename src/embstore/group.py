@@ -40,6 +40,10 @@ class TableGroup(Mapping[str, Table]):
                 msg = f"tables[{name!r}] must be an embstore.Table, got {type(table).__name__}"
                 raise TypeError(msg)
         self._tables: dict[str, Table] = dict(tables)
+        for name, table in self._tables.items():
+            if not table._name_given:  # label metrics with the group's name for it
+                table.name = name
+                table._name_given = True
 
     def __getitem__(self, name: str) -> Table:
         return self._tables[name]

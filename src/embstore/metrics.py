@@ -1,37 +1,67 @@
-"""Latency metrics of every table: per-operation and per-stage histograms.
+"""Metrics of every table: counters, per-operation and per-stage latency histograms, a
+periodic report file and a Prometheus text export.
 
-Each table records, for every call, the duration of the operation (``lookup``,
+Latency: each table records, for every call, the duration of the operation (``lookup``,
 ``lookup_sum``, ``apply_gradients``, ``contains``, ``erase``) and of the stages of a batch
 (``stage.validate``, ``stage.plan`` (grouping ids by shard), ``stage.gather`` (index probe +
 row copy under the shard locks), ``stage.pool`` (per-bag sums), ``stage.update`` (duplicate
 sums + fused optimizer)). A :class:`~embstore.TableGroup` call records its whole duration
-into every table it touches. ``Table.stats()["latency"]`` maps each recorded name to
-``{"count", "p50_us", "p95_us", "p99_us", "max_us", "mean_us"}``.
+into every table it touches, as ``group.lookup_sum`` / ``group.apply_gradients``. ``Table.stats()["latency"]`` maps each recorded name to
+``{"count", "p50_us", "p95_us", "p99_us", "max_us", "mean_us"}``. Recording is lock-free
+(relaxed atomic counters in log-linear buckets, 8 per power of two, so percentiles are
+exact to within 12.5%; ``max_us`` is exact).
 
-Recording is lock-free (relaxed atomic counters in log-linear buckets, 8 per power of two,
-so percentiles are exact to within 12.5%; ``max_us`` is exact). Metrics are on unless the
-environment has ``EMBSTORE_METRICS=0`` at import, or :func:`enable` turns them off; off,
-the timers read no clock at all.
+Counters (``Table.stats()``), kept per shard and summed on read: size, capacity, hits,
+misses, inserts, evictions, erased, lock_waits and lock_wait_us (shard-lock acquisitions
+that had to block, and their total wait), arena_bytes_in_use.
+
+Switches, read at import:
+
+- ``EMBSTORE_METRICS=0``: latency timers off (no clock is read); :func:`enable` toggles.
+- ``EMBSTORE_PERF_REPORT_PATH=file``: a daemon thread appends, every
+  ``EMBSTORE_PERF_INTERVAL_MS`` (default 5000) milliseconds, one line per table and
+  recorded name: ``<unix time> table=<t> name=<n> count=<c> p50_us=.. p95_us=.. p99_us=..
+  max_us=..`` (cumulative since the last :func:`reset`). It only reads the lock-free
+  histograms, so it never blocks a call, and it stops at interpreter exit.
 """
 
 from __future__ import annotations
 
+import atexit
+import itertools
+import os
+import threading
+import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from embstore import _core
 
 if TYPE_CHECKING:
     from embstore.table import Table
 
-__all__ = ["enable", "enabled", "reset"]
+__all__ = [
+    "PerfReporter",
+    "enable",
+    "enabled",
+    "prometheus_text",
+    "register_prometheus_collector",
+    "report_lines",
+    "reset",
+]
 
 _tables: weakref.WeakSet[Table] = weakref.WeakSet()
+_ids = itertools.count()
 
 
-def register(table: Table) -> None:
-    """Track ``table`` so that :func:`reset` reaches it (called by ``Table.__init__``)."""
+def register(table: Table) -> str:
+    """Track ``table`` for :func:`reset` and the reports; returns a default name for it."""
     _tables.add(table)
+    return f"table{next(_ids)}"
+
+
+def _open_tables() -> list[Table]:
+    return sorted((t for t in list(_tables) if not t.closed), key=lambda t: t.name)
 
 
 def enable(on: bool = True) -> None:
@@ -46,6 +76,142 @@ def enabled() -> bool:
 
 def reset() -> None:
     """Start a new window: clear the latency histograms of every open table."""
-    for table in list(_tables):
-        if not table.closed:
-            table.reset_metrics()
+    for table in _open_tables():
+        table.reset_metrics()
+
+
+def _stats(table: Table) -> dict[str, Any] | None:
+    try:
+        return table.stats()
+    except ValueError:  # closed meanwhile
+        return None
+
+
+def report_lines(now: float | None = None) -> list[str]:
+    """The lines one report interval appends (see the module docstring)."""
+    stamp = f"{time.time() if now is None else now:.3f}"
+    lines = []
+    for table in _open_tables():
+        st = _stats(table)
+        if st is None:
+            continue
+        for name, h in sorted(st["latency"].items()):
+            lines.append(
+                f"{stamp} table={table.name} name={name} count={h['count']} "
+                f"p50_us={h['p50_us']:.1f} p95_us={h['p95_us']:.1f} "
+                f"p99_us={h['p99_us']:.1f} max_us={h['max_us']:.1f}"
+            )
+    return lines
+
+
+class PerfReporter:
+    """A daemon thread appending :func:`report_lines` to ``path`` every ``interval_ms``."""
+
+    def __init__(self, path: str, interval_ms: float = 5000.0) -> None:
+        if interval_ms <= 0:
+            msg = f"interval_ms must be positive, got {interval_ms!r}"
+            raise ValueError(msg)
+        self.path = path
+        self.interval_s = interval_ms / 1000.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="embstore-perf-report", daemon=True)
+
+    def start(self) -> PerfReporter:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.write_once()
+
+    def write_once(self) -> None:
+        """Append one interval's lines now."""
+        lines = report_lines()
+        if lines:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+
+    def stop(self) -> None:
+        """Stop the thread (waits for an append in progress)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=max(1.0, 2 * self.interval_s))
+
+
+def _start_reporter_from_environment() -> PerfReporter | None:
+    path = os.environ.get("EMBSTORE_PERF_REPORT_PATH")
+    if not path:
+        return None
+    interval = float(os.environ.get("EMBSTORE_PERF_INTERVAL_MS", "5000"))
+    reporter = PerfReporter(path, interval).start()
+    atexit.register(reporter.stop)
+    return reporter
+
+
+_reporter = _start_reporter_from_environment()
+
+# -- Prometheus -------------------------------------------------------------------------
+
+_COUNTERS = (
+    ("hits", "counter", "lookups that found their id"),
+    ("misses", "counter", "lookups that did not find their id"),
+    ("inserts", "counter", "rows inserted"),
+    ("evictions", "counter", "rows evicted by CLOCK"),
+    ("erased", "counter", "rows removed by erase"),
+    ("lock_waits", "counter", "shard-lock acquisitions that had to wait"),
+    ("size", "gauge", "rows present"),
+    ("capacity", "gauge", "most rows the table holds"),
+    ("arena_bytes_in_use", "gauge", "bytes of arena rows ever claimed"),
+)
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus_text() -> str:
+    """Counters and latency summaries of every open table in the Prometheus text format
+    (version 0.0.4), labelled by ``table`` (and ``name`` for latencies)."""
+    tables = [(t.name, s) for t in _open_tables() if (s := _stats(t)) is not None]
+    out: list[str] = []
+    # Text format 0.0.4: TYPE names the sample name itself (counters end in _total).
+    for key, kind, help_text in _COUNTERS:
+        metric = f"embstore_{key}_total" if kind == "counter" else f"embstore_{key}"
+        out.append(f"# HELP {metric} {help_text}")
+        out.append(f"# TYPE {metric} {kind}")
+        for name, st in tables:
+            out.append(f'{metric}{{table="{_label(name)}"}} {st[key]}')
+    out.append("# HELP embstore_lock_wait_seconds_total time spent waiting for shard locks")
+    out.append("# TYPE embstore_lock_wait_seconds_total counter")
+    for name, st in tables:
+        out.append(
+            f'embstore_lock_wait_seconds_total{{table="{_label(name)}"}} '
+            f"{st['lock_wait_us'] / 1e6:.9f}"
+        )
+    out.append("# HELP embstore_latency_seconds latency of operations and batch stages")
+    out.append("# TYPE embstore_latency_seconds summary")
+    for name, st in tables:
+        for op, h in sorted(st["latency"].items()):
+            labels = f'table="{_label(name)}",name="{_label(op)}"'
+            for q, k in (("0.5", "p50_us"), ("0.95", "p95_us"), ("0.99", "p99_us")):
+                out.append(f'embstore_latency_seconds{{{labels},quantile="{q}"}} {h[k] / 1e6:.9f}')
+            out.append(f"embstore_latency_seconds_count{{{labels}}} {h['count']}")
+            out.append(
+                f"embstore_latency_seconds_sum{{{labels}}} {h['mean_us'] * h['count'] / 1e6:.9f}"
+            )
+    return "\n".join(out) + "\n"
+
+
+def register_prometheus_collector(registry: Any = None) -> Any:
+    """Register a collector that serves :func:`prometheus_text` through ``prometheus_client``
+    (an optional dependency) in ``registry`` (default: its global REGISTRY); returns it."""
+    from prometheus_client.core import REGISTRY
+    from prometheus_client.parser import text_string_to_metric_families
+
+    class _Collector:
+        def collect(self) -> Any:
+            yield from text_string_to_metric_families(prometheus_text())
+
+    collector = _Collector()
+    (REGISTRY if registry is None else registry).register(collector)
+    return collector

@@ -68,6 +68,9 @@ class Table:
     num_threads : int, optional
         Worker threads that split each batch (the caller is one of them).
         Default: the machine's hardware threads.
+    name : str, optional
+        Labels the table in metrics reports and the Prometheus export. Default: its name in
+        the first :class:`~embstore.TableGroup` that holds it, else ``"table<k>"``.
 
     Notes
     -----
@@ -86,6 +89,7 @@ class Table:
         num_shards: int | None = None,
         eviction: str = "clock",
         num_threads: int | None = None,
+        name: str | None = None,
     ) -> None:
         dim = _arrays.positive_int("dim", dim)
         capacity = _arrays.positive_int("capacity", capacity)
@@ -142,7 +146,10 @@ class Table:
             seed=seed,
         )
         self._dim = dim
-        metrics.register(self)
+        self._name_given = name is not None
+        self.name: str = name if name is not None else metrics.register(self)
+        if name is not None:
+            metrics.register(self)
 
     # -- properties -------------------------------------------------------------------
     @property
