@@ -1,0 +1,104 @@
+"""WORKLOADS.md W3: K Python threads call one TableGroup at once (a PS server's view).
+
+``PYTHONPATH=src python bench/concurrent.py [--universe U] [--seconds S] [--threads 1,2,4,8]``
+
+As W1 (L=8, D=32, 8 warm tables), but K caller threads run for a fixed time each with its
+own batches: even-numbered threads do forward lookups, odd ones apply gradients. Prints the
+aggregate ids/s and each call type's P50/P99 latency per K. Targets (DESIGN.md): throughput
+does not fall as K grows past the core count; P99 <= 3x P50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+import numpy as np
+
+import embstore
+from embstore.bench import make_tables, make_workload, warm_table
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tables", type=int, default=8)
+    p.add_argument("--universe", type=int, default=1_000_000)
+    p.add_argument("--seconds", type=float, default=6.0)
+    p.add_argument("--threads", default="1,2,4,8", help="caller counts K")
+    p.add_argument("--core-threads", type=int, default=2, help="each table's num_threads")
+    args = p.parse_args()
+    tables = make_tables(args.tables, args.universe)
+    wl = make_workload(
+        num_tables=args.tables,
+        universe=args.universe,
+        batch_size=2048,
+        pooling=8,
+        dim=32,
+        num_batches=16,
+        tables=tables,
+    )
+    group = {}
+    for tab in tables:
+        t = embstore.Table(
+            dim=32,
+            capacity=args.universe,
+            optimizer=embstore.Adagrad(lr=0.01),
+            initializer=embstore.Normal(std=0.01, seed=tab.index),
+            num_threads=args.core_threads,
+        )
+        warm_table(t, tab.warm_ids, 32)
+        group[tab.name] = t
+    g = embstore.TableGroup(group)
+    names = list(group)
+
+    def run(k_threads: int) -> str:
+        latencies: dict[str, list[float]] = {"fwd": [], "apply": []}
+        ids = [0]
+        lock = threading.Lock()
+        stop = time.perf_counter() + args.seconds
+
+        def caller(k: int) -> None:
+            kind = "fwd" if k % 2 == 0 else "apply"
+            mine, n, i = [], 0, k
+            while time.perf_counter() < stop:
+                b = wl.batches[i % len(wl.batches)]
+                i += 1
+                a = time.perf_counter()
+                if kind == "fwd":
+                    g.lookup_sum({nm: (kk, b.offsets) for nm, kk in zip(names, b.keys)})
+                else:
+                    g.apply_gradients(
+                        {nm: (kk, b.offsets, gr) for nm, kk, gr in zip(names, b.keys, wl.grads)}
+                    )
+                mine.append(time.perf_counter() - a)
+                n += sum(int(x.shape[0]) for x in b.keys)
+            with lock:
+                latencies[kind].extend(mine)
+                ids[0] += n
+
+        threads = [threading.Thread(target=caller, args=(k,)) for k in range(k_threads)]
+        start = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        elapsed = time.perf_counter() - start
+        row = f"| {k_threads} | {ids[0] / elapsed / 1e6:.2f} M |"
+        for kind in ("fwd", "apply"):
+            v = np.array(latencies[kind]) * 1e3
+            row += f" {np.median(v):.1f} / {np.percentile(v, 99):.1f} |" if v.size else " - |"
+        return row
+
+    print(
+        f"W3: T={args.tables} U={args.universe:,} L=8 D=32, tables num_threads="
+        f"{args.core_threads}, {args.seconds:g} s per K\n"
+    )
+    print("| K | aggregate ids/s | forward P50 / P99 ms | apply P50 / P99 ms |")
+    print("|---|---|---|---|")
+    for k in (int(x) for x in args.threads.split(",")):
+        print(run(k), flush=True)
+
+
+if __name__ == "__main__":
+    main()
