@@ -6,6 +6,8 @@
 #include <cmath>      // std::isfinite, std::sqrt, std::ceil
 #include <cstring>    // std::memcpy, std::memset
 #include <numeric>    // std::iota
+
+#include <pthread.h>  // pthread_atfork
 #include <stdexcept>  // std::invalid_argument
 #include <string>     // std::to_string
 
@@ -440,6 +442,51 @@ struct BatchRunner {
 };
 
 // ---------------------------------------------------------------------------------------
+// Fork safety: fork() copies memory, not threads. A worker holding a shard lock (maybe in
+// the middle of an update) at that moment would leave the child with a locked, half-written
+// shard. So the process quiesces every table around fork(): `prepare` takes every shard lock
+// of every live table, in registry then shard order, and both sides release them after.
+// Workers hold one shard lock at a time and never wait for another while holding it, so the
+// ordered acquisition cannot deadlock. The thread pool handles its own lock (thread_pool.cpp).
+
+struct ForkGuard {
+  static std::mutex& registry_mutex() {
+    static std::mutex* m = new std::mutex();  // leaked: used by fork handlers until exit
+    return *m;
+  }
+  static std::vector<Table*>& registry() {
+    static std::vector<Table*>* tables = new std::vector<Table*>();
+    return *tables;
+  }
+  static void add(Table* t) {
+    static const bool installed = [] {
+      pthread_atfork(&ForkGuard::prepare, &ForkGuard::release, &ForkGuard::release);
+      return true;
+    }();
+    (void)installed;
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    registry().push_back(t);
+  }
+  static void remove(Table* t) {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto& r = registry();
+    r.erase(std::remove(r.begin(), r.end(), t), r.end());
+  }
+  static void prepare() {
+    registry_mutex().lock();
+    for (Table* t : registry()) {
+      for (auto& sh : t->shards_) sh->mutex().lock();
+    }
+  }
+  static void release() {
+    for (Table* t : registry()) {
+      for (auto& sh : t->shards_) sh->mutex().unlock();
+    }
+    registry_mutex().unlock();
+  }
+};
+
+// ---------------------------------------------------------------------------------------
 // Table
 
 Table::Table(const TableConfig& config)
@@ -487,7 +534,10 @@ Table::Table(const TableConfig& config)
     first += rows[s];
   }
   ThreadPool::global().ensure_helpers(config_.num_threads - 1);
+  ForkGuard::add(this);
 }
+
+Table::~Table() { ForkGuard::remove(this); }
 
 void Table::set_lr(float lr) {
   if (!(lr > 0.0f) || !std::isfinite(lr)) {

@@ -83,6 +83,7 @@ void apply_gradients_many(std::vector<ApplyRequest>& requests,
 class Table {
  public:
   explicit Table(const TableConfig& config);
+  ~Table();
   Table(const Table&) = delete;
   Table& operator=(const Table&) = delete;
 
@@ -119,6 +120,7 @@ class Table {
   friend void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op);
   friend void apply_gradients_many(std::vector<ApplyRequest>& requests, Timer op);
   friend struct BatchRunner;
+  friend struct ForkGuard;
 
   size_t shard_of(uint64_t hash) const noexcept {
     return shard_shift_ == 64 ? 0 : static_cast<size_t>(hash >> shard_shift_);

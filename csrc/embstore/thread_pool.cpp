@@ -1,6 +1,9 @@
 #include "embstore/thread_pool.hpp"
 
-#include <algorithm>  // std::find, std::min
+#include <algorithm>  // std::find, std::max, std::min
+#include <new>        // placement new
+
+#include <pthread.h>  // pthread_atfork
 
 namespace embstore {
 
@@ -18,10 +21,40 @@ struct ThreadPool::Job {
   std::exception_ptr error;
 };
 
+namespace {
+ThreadPool* g_global_pool = nullptr;
+}  // namespace
+
 ThreadPool& ThreadPool::global() {
   // Leaked on purpose: helpers must outlive every static Table destroyed at exit.
-  static ThreadPool* pool = new ThreadPool(0);
+  static ThreadPool* pool = [] {
+    g_global_pool = new ThreadPool(0);
+    install_fork_handlers();
+    return g_global_pool;
+  }();
   return *pool;
+}
+
+void ThreadPool::install_fork_handlers() {
+  pthread_atfork([] { g_global_pool->mutex_.lock(); },    // queue quiescent across fork()
+                 [] { g_global_pool->mutex_.unlock(); },  // parent: carry on
+                 [] { g_global_pool->forget_parent_threads_in_child(); });
+}
+
+void ThreadPool::forget_parent_threads_in_child() noexcept {
+  // Only the forking thread exists here. The helpers' std::thread handles must not be
+  // joined or destroyed (that would terminate): leak them. Jobs queued by other parent
+  // threads have no caller here. The lock taken before fork() and the condition variable
+  // (whose waiters are gone) are replaced by fresh ones.
+  new std::vector<std::thread>(std::move(threads_));
+  threads_.clear();
+  queue_.clear();
+  new (&mutex_) std::mutex();
+  new (&work_cv_) std::condition_variable();
+}
+
+void ThreadPool::spawn_missing_helpers_locked() {
+  while (threads_.size() < wanted_helpers_) threads_.emplace_back([this] { helper_loop(); });
 }
 
 size_t ThreadPool::hardware_threads() noexcept {
@@ -42,7 +75,8 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::ensure_helpers(size_t helpers) {
   std::lock_guard<std::mutex> lock(mutex_);
-  while (threads_.size() < helpers) threads_.emplace_back([this] { helper_loop(); });
+  wanted_helpers_ = std::max(wanted_helpers_, helpers);
+  spawn_missing_helpers_locked();
 }
 
 void ThreadPool::work_on(Job& job) noexcept {
@@ -81,6 +115,7 @@ void ThreadPool::run(size_t num_tasks, size_t max_workers,
   size_t helpers = std::min(max_workers == 0 ? 0 : max_workers - 1, num_tasks - 1);
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    spawn_missing_helpers_locked();  // after a fork the child starts with none
     helpers = std::min(helpers, threads_.size());
   }
   if (helpers == 0) {

@@ -7,6 +7,11 @@
 //
 // A task's exception stops the job's remaining tasks and is rethrown on the caller once every
 // helper has left the job (hnswlib's ParallelFor discipline). Thread-safe.
+//
+// Fork-safe (the global pool): a forked child (e.g. a PyTorch DataLoader worker) has only the
+// forking thread, so the child forgets the parent's helpers and queued jobs and starts new
+// helpers on its first batch; the pool lock is held across fork() so the queue is never
+// copied mid-update.
 #pragma once
 
 #include <atomic>              // std::atomic
@@ -45,11 +50,15 @@ class ThreadPool {
   struct Job;
   void helper_loop();
   static void work_on(Job& job) noexcept;
+  void spawn_missing_helpers_locked();
+  void forget_parent_threads_in_child() noexcept;
+  static void install_fork_handlers();
 
   std::mutex mutex_;
   std::condition_variable work_cv_;
   std::deque<Job*> queue_;  // jobs still accepting helpers
   std::vector<std::thread> threads_;
+  size_t wanted_helpers_ = 0;  // what ensure_helpers asked for (re-spawned after fork)
   bool stopping_ = false;
 };
 
