@@ -1,6 +1,6 @@
 """WORKLOADS.md W3: K Python threads call one TableGroup at once (a PS server's view).
 
-``PYTHONPATH=src python bench/concurrent.py [--universe U] [--seconds S] [--threads 1,2,4,8]``
+``PYTHONPATH=src python bench/w3_callers.py [--universe U] [--seconds S] [--threads 1,2,4,8]``
 
 As W1 (L=8, D=32, 8 warm tables), but K caller threads run for a fixed time each with its
 own batches: even-numbered threads do forward lookups, odd ones apply gradients. Prints the
