@@ -71,6 +71,7 @@ uint32_t Shard::claim_unused_row() noexcept {
     free_head_ = meta(row).aux;
     return row;
   }
+  counters.claimed_rows.store(used_ + 1, std::memory_order_relaxed);
   return used_++;
 }
 

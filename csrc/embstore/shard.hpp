@@ -59,6 +59,7 @@ static_assert(sizeof(RowMeta) == 16, "RowMeta is 16 bytes");
 struct ShardCounters {
   std::atomic<uint64_t> hits{0}, misses{0}, inserts{0}, evictions{0}, erased{0};
   std::atomic<uint64_t> lock_waits{0}, lock_wait_ns{0};  // acquisitions that had to block
+  std::atomic<uint32_t> claimed_rows{0};  // rows ever claimed (used_), readable without the lock
   std::atomic<uint32_t> size{0};
 
   static void add(std::atomic<uint64_t>& c, uint64_t d) noexcept {
@@ -127,7 +128,8 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   uint32_t first_row() const noexcept { return first_row_; }
   uint32_t quota() const noexcept { return quota_; }
   uint32_t size() const noexcept { return counters.size.load(std::memory_order_relaxed); }
-  uint32_t used_rows() const noexcept { return used_; }
+  // Rows ever claimed; safe to read without the lock (a relaxed copy of used_).
+  uint32_t used_rows() const noexcept { return counters.claimed_rows.load(std::memory_order_relaxed); }
   // Bytes of index and metadata (the arena's rows are counted by the table).
   size_t footprint_bytes() const noexcept {
     return slots_.size() * sizeof(Slot) + meta_.size() * sizeof(RowMeta) +
