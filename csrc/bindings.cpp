@@ -106,6 +106,17 @@ std::shared_ptr<Table> make_table(size_t dim, size_t capacity, size_t num_shards
   return std::make_shared<Table>(c);
 }
 
+py::dict summary_dict(const embstore::LatencySummary& l) {
+  py::dict e;
+  e["count"] = l.count;
+  e["p50_us"] = l.p50_us;
+  e["p95_us"] = l.p95_us;
+  e["p99_us"] = l.p99_us;
+  e["max_us"] = l.max_us;
+  e["mean_us"] = l.mean_us;
+  return e;
+}
+
 py::dict stats_dict(const Table& t) {
   const embstore::TableStats s = t.stats();
   py::dict d;
@@ -127,14 +138,7 @@ py::dict stats_dict(const Table& t) {
   for (size_t k = 0; k < static_cast<size_t>(embstore::Timer::kCount); ++k) {
     const embstore::LatencySummary l = t.timers()[k].summary();
     if (l.count == 0) continue;
-    py::dict e;
-    e["count"] = l.count;
-    e["p50_us"] = l.p50_us;
-    e["p95_us"] = l.p95_us;
-    e["p99_us"] = l.p99_us;
-    e["max_us"] = l.max_us;
-    e["mean_us"] = l.mean_us;
-    latency[embstore::timer_name(static_cast<embstore::Timer>(k))] = e;
+    latency[embstore::timer_name(static_cast<embstore::Timer>(k))] = summary_dict(l);
   }
   d["latency"] = latency;
   return d;
@@ -311,15 +315,7 @@ PYBIND11_MODULE(_core, m) {
         // Test seam: the percentile summary of given durations, as the tables compute it.
         embstore::LatencyHistogram h;
         for (uint64_t v : values_ns) h.record(v);
-        const embstore::LatencySummary l = h.summary();
-        py::dict e;
-        e["count"] = l.count;
-        e["p50_us"] = l.p50_us;
-        e["p95_us"] = l.p95_us;
-        e["p99_us"] = l.p99_us;
-        e["max_us"] = l.max_us;
-        e["mean_us"] = l.mean_us;
-        return e;
+        return summary_dict(h.summary());
       },
       py::arg("values_ns"));
 }
