@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 import embstore
-from embstore.bench import make_tables, make_workload, splitmix64, warm_table
+from embstore.bench import embstore_tables, make_tables, make_workload, splitmix64
 
 
 def rss_bytes() -> int:
@@ -49,16 +49,7 @@ def main() -> None:
         num_batches=args.batches,
         tables=tables,
     )
-    group = {
-        tab.name: embstore.Table(
-            dim=32,
-            capacity=U // 4,
-            optimizer=embstore.Adagrad(lr=0.01),
-            initializer=embstore.Normal(std=0.01, seed=tab.index),
-            num_threads=args.threads,
-        )
-        for tab in tables
-    }
+    group = embstore_tables(tables, 32, capacity=U // 4, threads=args.threads, warm=False)
     g, names = embstore.TableGroup(group), list(group)
     steps, rss_200 = [], 0
     start = time.perf_counter()
@@ -89,18 +80,11 @@ def main() -> None:
         num_batches=40,
         tables=tables,
     )
-    group = {}
-    for tab in tables:
-        t = embstore.Table(
-            dim=32,
-            capacity=U,
-            optimizer=embstore.Adagrad(lr=0.01),
-            initializer=embstore.Normal(std=0.01, seed=tab.index),
-            num_threads=args.threads,
-        )
-        never = splitmix64(tab.warm_ids) % np.uint64(10) == 0  # 10% never inserted
-        warm_table(t, tab.warm_ids[~never], 32)
-        group[tab.name] = t
+
+    def never_inserted_left_out(ids: np.ndarray) -> np.ndarray:
+        return ids[splitmix64(ids) % np.uint64(10) != 0]  # 10% never inserted
+
+    group = embstore_tables(tables, 32, threads=args.threads, warm_filter=never_inserted_left_out)
     g, names = embstore.TableGroup(group), list(group)
     hits0, misses0 = counters(group, "hits"), counters(group, "misses")
     lat = []

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 import embstore
-from embstore.bench import make_tables, make_workload, warm_table
+from embstore.bench import embstore_tables, make_tables, make_workload
 
 OPTIMIZERS: dict[str, Any] = {
     "SGD": embstore.SGD(lr=0.01),
@@ -58,17 +58,7 @@ def main() -> None:
     print("| optimizer | row stride (floats) | L | fwd ms | bwd+upd ms | step ms |")
     print("|---|---|---|---|---|---|")
     for name, opt in OPTIMIZERS.items():
-        group = {}
-        for tab in tables:
-            t = embstore.Table(
-                dim=args.dim,
-                capacity=args.universe,
-                optimizer=opt,
-                initializer=embstore.Normal(std=0.01, seed=tab.index),
-                num_threads=args.threads,
-            )
-            warm_table(t, tab.warm_ids, args.dim)
-            group[tab.name] = t
+        group = embstore_tables(tables, args.dim, optimizer=opt, threads=args.threads)
         g = embstore.TableGroup(group)
         stride = next(iter(group.values())).stats()["row_stride"]
         for pooling, wl in workloads.items():

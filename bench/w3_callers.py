@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import embstore
-from embstore.bench import make_tables, make_workload, warm_table
+from embstore.bench import embstore_tables, make_tables, make_workload
 
 
 def main() -> None:
@@ -38,17 +38,7 @@ def main() -> None:
         num_batches=16,
         tables=tables,
     )
-    group = {}
-    for tab in tables:
-        t = embstore.Table(
-            dim=32,
-            capacity=args.universe,
-            optimizer=embstore.Adagrad(lr=0.01),
-            initializer=embstore.Normal(std=0.01, seed=tab.index),
-            num_threads=args.core_threads,
-        )
-        warm_table(t, tab.warm_ids, 32)
-        group[tab.name] = t
+    group = embstore_tables(tables, 32, threads=args.core_threads)
     g = embstore.TableGroup(group)
     names = list(group)
 

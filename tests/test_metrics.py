@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,15 @@ def _metrics_on() -> Iterator[None]:
 
 def _table(**kw: object) -> embstore.Table:
     return embstore.Table(dim=4, capacity=4096, optimizer=embstore.SGD(lr=0.1), **kw)  # type: ignore[arg-type]
+
+
+def _run_in_threads(work: Callable[[], None], count: int) -> None:
+    """Run ``work`` on ``count`` threads at once and wait for all of them."""
+    threads = [threading.Thread(target=work) for _ in range(count)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
 
 
 def _exercise(t: embstore.Table, rounds: int) -> None:
@@ -138,11 +147,7 @@ def test_concurrent_recording_loses_nothing() -> None:
         for _ in range(200):
             t.lookup(keys, insert=False)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=60)
+    _run_in_threads(work, 8)
     assert t.stats()["latency"]["lookup"]["count"] == 1600
 
 
@@ -179,11 +184,7 @@ def test_counters_lock_waits_and_arena_bytes() -> None:
         for _ in range(300):
             t.lookup(keys, insert=False)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=60)
+    _run_in_threads(work, 8)
     st = t.stats()
     assert st["lock_waits"] >= 0
     assert (st["lock_waits"] == 0) == (st["lock_wait_us"] == 0)

@@ -486,6 +486,38 @@ def warm_table(table: Any, ids: U64Array, dim: int) -> None:
         table.lookup(chunk, insert=True, out=buf[: chunk.shape[0]])
 
 
+def embstore_tables(
+    tables: Sequence[TableData],
+    dim: int,
+    *,
+    optimizer: Any = None,
+    capacity: int | None = None,
+    threads: int | None = None,
+    warm: bool = True,
+    warm_filter: Callable[[U64Array], U64Array] | None = None,
+) -> dict[str, Any]:
+    """One embstore Table per workload table, by name: W1's initializer (Normal(0.01),
+    seeded by the table index), ``optimizer`` (default W1's Adagrad), ``capacity`` (default
+    the universe), warmed in placement order unless ``warm`` is false. ``warm_filter`` picks
+    which of the ids to insert (W4 leaves some out)."""
+    es = importlib.import_module("embstore")
+    out: dict[str, Any] = {}
+    for tab in tables:
+        t = es.Table(
+            dim=dim,
+            capacity=capacity or tab.universe,
+            optimizer=optimizer or es.Adagrad(lr=LR, eps=EPS, initial_accumulator=0.0),
+            initializer=es.Normal(std=0.01, seed=tab.index),
+            eviction="clock",
+            num_threads=threads,
+        )
+        if warm:
+            ids = tab.warm_ids if warm_filter is None else warm_filter(tab.warm_ids)
+            warm_table(t, ids, dim)
+        out[tab.name] = t
+    return out
+
+
 def memory_probe(num_tables: int, universe: int, dim: int, threads: int | None) -> dict[str, Any]:
     """Resident memory of ``num_tables`` warm embstore tables, measured in this process.
 
@@ -493,20 +525,10 @@ def memory_probe(num_tables: int, universe: int, dim: int, threads: int | None) 
     before creating the tables, after creating them (shows how much of the arena is
     committed up front) and after inserting all ``universe`` ids of each.
     """
-    es = importlib.import_module("embstore")
     tables = make_tables(num_tables, universe)
     gc.collect()
     rss0 = _resident_bytes()
-    made = [
-        es.Table(
-            dim=dim,
-            capacity=tab.universe,
-            optimizer=es.Adagrad(lr=LR, eps=EPS, initial_accumulator=0.0),
-            initializer=es.Normal(std=0.01, seed=tab.index),
-            num_threads=threads,
-        )
-        for tab in tables
-    ]
+    made = list(embstore_tables(tables, dim, threads=threads, warm=False).values())
     rss1 = _resident_bytes()
     for t, tab in zip(made, tables):
         warm_table(t, tab.warm_ids, dim)
@@ -587,20 +609,11 @@ class EmbstorePeer(Peer):
 
     def setup(self, tables: Sequence[TableData], dim: int) -> None:
         es = importlib.import_module("embstore")
-        for tab in tables:
-            t = es.Table(
-                dim=dim,
-                capacity=self._capacity or tab.universe,
-                optimizer=es.Adagrad(lr=LR, eps=EPS, initial_accumulator=0.0),
-                initializer=es.Normal(std=0.01, seed=tab.index),
-                eviction="clock",
-                num_threads=self.threads,
-            )
-            if self._warm:
-                warm_table(t, tab.warm_ids, dim)
-            self._tables.append(t)
-            self._names.append(tab.name)
-        self._group = es.TableGroup(dict(zip(self._names, self._tables)))
+        by_name = embstore_tables(
+            tables, dim, capacity=self._capacity, threads=self.threads, warm=self._warm
+        )
+        self._names, self._tables = list(by_name), list(by_name.values())
+        self._group = es.TableGroup(by_name)
         if not self._warm:
             return
         rows = sum(len(t) for t in self._tables)
