@@ -80,7 +80,9 @@ std::shared_ptr<Table> make_table(size_t dim, size_t capacity, size_t num_shards
                                   float eps, float initial_accumulator, float momentum,
                                   float beta1, float beta2, float weight_decay, float ftrl_beta,
                                   float l1, float l2, int initializer, double init_a,
-                                  double init_b, uint64_t seed) {
+                                  double init_b, uint64_t seed, uint32_t admission_min_count,
+                                  size_t admission_width, size_t admission_depth,
+                                  bool stage_evicted) {
   embstore::TableConfig c;
   c.dim = dim;
   c.capacity = capacity;
@@ -102,6 +104,10 @@ std::shared_ptr<Table> make_table(size_t dim, size_t capacity, size_t num_shards
   c.initializer.a = init_a;
   c.initializer.b = init_b;
   c.initializer.seed = seed;
+  c.admission.min_count = admission_min_count;
+  c.admission.width = admission_width;
+  c.admission.depth = admission_depth;
+  c.stage_evicted = stage_evicted;
   py::gil_scoped_release release;  // large tables: allocation may take a while
   return std::make_shared<Table>(c);
 }
@@ -129,6 +135,8 @@ py::dict stats_dict(const Table& t) {
   d["inserts"] = s.inserts;
   d["evictions"] = s.evictions;
   d["erased"] = s.erased;
+  d["admitted"] = s.admitted;
+  d["rejected"] = s.rejected;
   d["lock_waits"] = s.lock_waits;
   d["lock_wait_us"] = static_cast<double>(s.lock_wait_ns) / 1000.0;
   d["arena_bytes_in_use"] = s.arena_bytes_in_use;
@@ -144,6 +152,23 @@ py::dict stats_dict(const Table& t) {
   return d;
 }
 
+// Hands a vector's buffer to numpy without copying: the array owns the moved vector.
+template <typename T>
+py::array_t<T> to_numpy(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
+  auto* owner = new std::vector<T>(std::move(v));
+  py::capsule free_owner(owner, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>(std::move(shape), owner->data(), free_owner);
+}
+
+// {"ids": uint64 [k], "rows": float32 [k, width]}
+py::dict removed_rows_dict(embstore::RemovedRows&& removed, size_t width) {
+  const auto k = static_cast<py::ssize_t>(removed.ids.size());
+  py::dict d;
+  d["ids"] = to_numpy(std::move(removed.ids), {k});
+  d["rows"] = to_numpy(std::move(removed.rows), {k, static_cast<py::ssize_t>(width)});
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -156,7 +181,33 @@ PYBIND11_MODULE(_core, m) {
            py::arg("eps"), py::arg("initial_accumulator"), py::arg("momentum"),
            py::arg("beta1"), py::arg("beta2"), py::arg("weight_decay"), py::arg("ftrl_beta"),
            py::arg("l1"), py::arg("l2"), py::arg("initializer"), py::arg("init_a"),
-           py::arg("init_b"), py::arg("seed"))
+           py::arg("init_b"), py::arg("seed"), py::arg("admission_min_count"),
+           py::arg("admission_width"), py::arg("admission_depth"), py::arg("stage_evicted"))
+      .def_property_readonly("step", &Table::step)
+      .def("set_step", &Table::set_step, py::arg("step"))
+      .def_property_readonly("state_width", &Table::state_width)
+      .def_property_readonly("evicted_pending", &Table::evicted_pending)
+      .def(
+          "evict_older_than",
+          [](Table& t, uint64_t step, bool with_state) {
+            embstore::RemovedRows removed;
+            {
+              py::gil_scoped_release release;
+              t.evict_older_than(step, with_state, removed);
+            }
+            const size_t width = with_state ? t.dim() + t.state_width() : t.dim();
+            return removed_rows_dict(std::move(removed), width);
+          },
+          py::arg("step"), py::arg("with_state"))
+      .def("drain_evicted",
+           [](Table& t) {
+             embstore::RemovedRows removed;
+             {
+               py::gil_scoped_release release;
+               t.drain_evicted(removed);
+             }
+             return removed_rows_dict(std::move(removed), t.dim());
+           })
       .def_property_readonly("dim", &Table::dim)
       .def_property_readonly("capacity", &Table::capacity)
       .def_property_readonly("num_shards", &Table::num_shards)

@@ -42,6 +42,15 @@ struct InitializerConfig {
 
 enum class Eviction : uint8_t { kNone = 0, kClock = 1 };
 
+// Admission filter (CountMinSketch): an id gets a row once seen `min_count` times.
+// min_count <= 1 disables it.
+struct AdmissionConfig {
+  uint32_t min_count = 0;
+  size_t width = 0;  // counters per sketch row, over the whole table
+  size_t depth = 0;  // sketch rows (hash functions)
+  bool enabled() const noexcept { return min_count > 1; }
+};
+
 struct TableConfig {
   size_t dim = 0;
   size_t capacity = 0;
@@ -50,6 +59,10 @@ struct TableConfig {
   Eviction eviction = Eviction::kClock;
   OptimizerConfig optimizer;
   InitializerConfig initializer;
+  AdmissionConfig admission;
+  // Keep the rows CLOCK evicts (id, weights) for Table::drain_evicted instead of dropping
+  // them: a PS spills them, or the Python facade hands them to an on_evict callback.
+  bool stage_evicted = false;
 };
 
 }  // namespace embstore

@@ -21,16 +21,20 @@ Shard::Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota)
       num_slots_(slots_for(num_rows)),
       slots_(slots_for(num_rows)),
       meta_(num_rows),
-      ref_bits_((static_cast<size_t>(num_rows) + 63) / 64) {}
+      ref_bits_(num_rows),
+      occupied_(num_rows),
+      dirty_(num_rows) {}
 
-void Shard::link(uint64_t id, uint64_t hash, uint32_t row) noexcept {
+void Shard::link(uint64_t id, uint64_t hash, uint32_t row, uint32_t step) noexcept {
   Slot& s = slots_.get()[find_slot(id, hash)];
   s.id = id;
   s.row_plus1 = row + 1;
   RowMeta& m = meta(row);
   m.id = id;
   m.aux = kNoRow;
-  m.flags = kOccupied | kDirty;
+  m.last_step = step;
+  occupied_.set(row);
+  dirty_.set(row);
   reference(row);
   counters.size.store(counters.size.load(std::memory_order_relaxed) + 1,
                       std::memory_order_relaxed);
@@ -56,13 +60,23 @@ uint32_t Shard::unlink_and_free(uint64_t id, uint64_t hash) noexcept {
   if (s.row_plus1 == 0) return kNoRow;
   const uint32_t row = s.row_plus1 - 1;
   erase_slot(pos);
+  release_row(row);
+  return row;
+}
+
+void Shard::free_row(uint32_t row) noexcept {
+  erase_slot(find_slot(meta(row).id, mix64(meta(row).id)));
+  release_row(row);
+}
+
+void Shard::release_row(uint32_t row) noexcept {
+  occupied_.clear(row);
+  dirty_.clear(row);
   RowMeta& m = meta(row);
-  m.flags = 0;
   m.aux = free_head_;
   free_head_ = row;
   counters.size.store(counters.size.load(std::memory_order_relaxed) - 1,
                       std::memory_order_relaxed);
-  return row;
 }
 
 uint32_t Shard::claim_unused_row() noexcept {
@@ -82,8 +96,7 @@ uint32_t Shard::clock_victim() noexcept {
   for (uint64_t step = 0; step < max_steps; ++step) {
     const uint32_t row = hand_;
     hand_ = hand_ + 1 == used_ ? 0 : hand_ + 1;
-    RowMeta& m = meta(row);
-    if (!(m.flags & kOccupied) || m.aux != kNoRow) continue;  // free or pinned
+    if (!occupied(row) || meta(row).aux != kNoRow) continue;  // free or pinned
     if (referenced(row)) {
       unreference(row);
       continue;
@@ -96,7 +109,8 @@ uint32_t Shard::clock_victim() noexcept {
 void Shard::evict(uint32_t row) noexcept {
   RowMeta& m = meta(row);
   erase_slot(find_slot(m.id, mix64(m.id)));
-  m.flags = 0;
+  occupied_.clear(row);
+  dirty_.clear(row);
   counters.size.store(counters.size.load(std::memory_order_relaxed) - 1,
                       std::memory_order_relaxed);
 }

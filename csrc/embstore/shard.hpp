@@ -11,13 +11,17 @@
 // Layout choices:
 //  - Slot = {id, row + 1} packed in 12 bytes; row + 1 == 0 marks an empty slot, so every
 //    uint64 id is usable and a calloc'ed index needs no initialisation pass.
-//  - Per-row metadata (id, flags, aux) lives apart from the weights, so a CLOCK sweep reads
-//    16 bytes per row instead of whole rows.
-//  - CLOCK reference bits live in a bitmap of their own (1 bit per row: 2 KiB for a 16K-row
-//    shard, cache-resident), so a lookup hit touches only its index slot and its row; keeping
-//    the bit in the metadata cost one more cache miss per id (56% of gather time, measured).
+//  - Per-row metadata (id, aux, last step) lives apart from the weights, so a CLOCK sweep
+//    reads 16 bytes per row instead of whole rows.
+//  - Per-row bits (CLOCK reference, occupied, dirty) live in bitmaps of their own (1 bit per
+//    row: 2 KiB for a 16K-row shard, cache-resident), so a lookup hit touches only its index
+//    slot and its row; keeping the reference bit in the metadata cost one more cache miss
+//    per id (56% of gather time, measured), and keeps RowMeta at 16 bytes.
 //  - `aux` is the free-list link of a free row, and the index of the row's gradient
 //    accumulator while an apply batch holds the lock (a non-empty aux pins the row).
+//  - `last_step` is the table step (Table::set_step) at which the row was last looked up or
+//    updated; it is written only once a step has been set, so tables that never use steps
+//    pay no extra cache miss per id.
 #pragma once
 
 #include <atomic>   // std::atomic
@@ -41,16 +45,10 @@ struct Slot {
 #pragma pack(pop)
 static_assert(sizeof(Slot) == 12, "Slot is packed to 12 bytes");
 
-enum RowFlags : uint8_t {
-  kOccupied = 1,  // the row holds an id
-  kDirty = 4,     // changed since the last checkpoint (reserved for incremental saves)
-};
-
 struct RowMeta {
   uint64_t id;
-  uint32_t aux;  // free-list next, or batch accumulator index (kNoRow when unused)
-  uint8_t flags;
-  uint8_t reserved[3];
+  uint32_t aux;        // free-list next, or batch accumulator index (kNoRow when unused)
+  uint32_t last_step;  // table step of the last lookup or update of the row
 };
 static_assert(sizeof(RowMeta) == 16, "RowMeta is 16 bytes");
 
@@ -58,6 +56,7 @@ static_assert(sizeof(RowMeta) == 16, "RowMeta is 16 bytes");
 // updated with load+store (no locked instruction on the hot path).
 struct ShardCounters {
   std::atomic<uint64_t> hits{0}, misses{0}, inserts{0}, evictions{0}, erased{0};
+  std::atomic<uint64_t> admitted{0}, rejected{0};  // admission filter decisions
   std::atomic<uint64_t> lock_waits{0}, lock_wait_ns{0};  // acquisitions that had to block
   std::atomic<uint32_t> claimed_rows{0};  // rows ever claimed (used_), readable without the lock
   std::atomic<uint32_t> size{0};
@@ -65,6 +64,19 @@ struct ShardCounters {
   static void add(std::atomic<uint64_t>& c, uint64_t d) noexcept {
     if (d != 0) c.store(c.load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
   }
+};
+
+// One bit per row, zero-initialised.
+class Bitmap {
+ public:
+  explicit Bitmap(size_t bits) : words_((bits + 63) / 64) {}
+  void set(uint32_t i) noexcept { words_.get()[i / 64] |= uint64_t{1} << (i % 64); }
+  void clear(uint32_t i) noexcept { words_.get()[i / 64] &= ~(uint64_t{1} << (i % 64)); }
+  bool test(uint32_t i) const noexcept { return (words_.get()[i / 64] >> (i % 64)) & 1; }
+  size_t bytes() const noexcept { return words_.size() * sizeof(uint64_t); }
+
+ private:
+  ZeroedBuffer<uint64_t> words_;
 };
 
 class alignas(64) Shard {  // 64: a shard's lock and counters never share a cache line
@@ -97,17 +109,25 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
     return s.row_plus1 == 0 ? kNoRow : s.row_plus1 - 1;
   }
   // CLOCK reference bit of a row: set by every lookup and update of it.
-  void reference(uint32_t row) noexcept { ref_bits_.get()[row / 64] |= uint64_t{1} << (row % 64); }
-  bool referenced(uint32_t row) const noexcept {
-    return (ref_bits_.get()[row / 64] >> (row % 64)) & 1;
-  }
+  void reference(uint32_t row) noexcept { ref_bits_.set(row); }
+  bool referenced(uint32_t row) const noexcept { return ref_bits_.test(row); }
+  // Whether the row holds an id (free and never-claimed rows do not).
+  bool occupied(uint32_t row) const noexcept { return occupied_.test(row); }
+  // Dirty bit: the row changed since the last checkpoint (set on insert and update).
+  void mark_dirty(uint32_t row) noexcept { dirty_.set(row); }
+  bool dirty(uint32_t row) const noexcept { return dirty_.test(row); }
+  void clear_dirty(uint32_t row) noexcept { dirty_.clear(row); }
+  // Rows [0, claimed_rows()) have held an id at least once; the rest were never touched.
+  uint32_t claimed_rows() const noexcept { return used_; }
+  uint32_t num_rows() const noexcept { return num_rows_; }
   // Prefetches the index slot where a probe for `hash` starts.
   void prefetch(uint64_t hash) const noexcept {
     __builtin_prefetch(slots_.get() + fast_range32(hash, num_slots_));
   }
 
-  // Links `id` to the shard-local row `row` (which must be a row this shard just claimed).
-  void link(uint64_t id, uint64_t hash, uint32_t row) noexcept;
+  // Links `id` to the shard-local row `row` (which must be a row this shard just claimed),
+  // recording `step` as its last step.
+  void link(uint64_t id, uint64_t hash, uint32_t row, uint32_t step) noexcept;
   // Removes `id` from the index and frees its row to this shard's free list.
   // Returns the freed row or kNoRow if absent.
   uint32_t unlink_and_free(uint64_t id, uint64_t hash) noexcept;
@@ -122,6 +142,8 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   uint32_t clock_victim() noexcept;
   // Unlinks the id held by `row` so the row can take a new id (no free-list push).
   void evict(uint32_t row) noexcept;
+  // Unlinks the id held by `row` and frees the row to the free list.
+  void free_row(uint32_t row) noexcept;
 
   RowMeta& meta(uint32_t row) noexcept { return meta_.get()[row]; }
   const RowMeta& meta(uint32_t row) const noexcept { return meta_.get()[row]; }
@@ -133,7 +155,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // Bytes of index and metadata (the arena's rows are counted by the table).
   size_t footprint_bytes() const noexcept {
     return slots_.size() * sizeof(Slot) + meta_.size() * sizeof(RowMeta) +
-           ref_bits_.size() * sizeof(uint64_t);
+           ref_bits_.bytes() + occupied_.bytes() + dirty_.bytes();
   }
 
   ShardCounters counters;
@@ -149,10 +171,9 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
     while (slots[pos].row_plus1 != 0 && slots[pos].id != id) pos = next(pos);
     return pos;
   }
-  void unreference(uint32_t row) noexcept {
-    ref_bits_.get()[row / 64] &= ~(uint64_t{1} << (row % 64));
-  }
+  void unreference(uint32_t row) noexcept { ref_bits_.clear(row); }
   void erase_slot(uint32_t pos) noexcept;                          // backward-shift deletion
+  void release_row(uint32_t row) noexcept;  // after unlinking: clear bits, push free list
 
   std::mutex mutex_;
   uint32_t first_row_;
@@ -164,7 +185,9 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   uint32_t free_head_ = kNoRow;
   ZeroedBuffer<Slot> slots_;
   ZeroedBuffer<RowMeta> meta_;
-  ZeroedBuffer<uint64_t> ref_bits_;
+  Bitmap ref_bits_;
+  Bitmap occupied_;
+  Bitmap dirty_;
 };
 
 }  // namespace embstore

@@ -230,7 +230,11 @@ struct BatchRunner {
     if (b == e) return;
     const size_t dim = t.dim();
     Shard& sh = *t.shards_[s];
-    uint64_t hits = 0, misses = 0, inserts = 0, evictions = 0;
+    const bool track = t.track_steps_.load(std::memory_order_relaxed);
+    const uint32_t step = t.step();
+    CountMinSketch* sketch = t.sketches_.empty() ? nullptr : &t.sketches_[s];
+    const uint32_t min_count = t.config_.admission.min_count;
+    uint64_t hits = 0, misses = 0, inserts = 0, evictions = 0, rejected = 0;
     uint32_t ring[kRing];
     uint32_t done = b;  // ids [b, done) are copied
     auto finish = [&](uint32_t jj) {
@@ -260,13 +264,16 @@ struct BatchRunner {
       if (row != kNoRow) {
         ++hits;
         sh.reference(row);
+        if (track) sh.meta(row).last_step = step;
       } else {
         ++misses;
-        if (insert) {
+        if (insert && sketch != nullptr && sketch->add(hash) < min_count) {
+          ++rejected;  // not admitted yet: reads zeros, gets no row
+        } else if (insert) {
           while (done < j) finish(done++);
-          row = t.insert_locked(s, id, hash, evictions);
+          row = t.insert_locked(s, id, hash, step, evictions);
           if (row == kNoRow) {
-            add_counters(sh, hits, misses, inserts, evictions);
+            add_counters(sh, hits, misses, inserts, evictions, rejected);
             throw CapacityError(t.no_row_message(id, s));
           }
           ++inserts;
@@ -277,15 +284,16 @@ struct BatchRunner {
       if (j - done >= kRowAhead) finish(done++);
     }
     while (done < e) finish(done++);
-    add_counters(sh, hits, misses, inserts, evictions);
+    add_counters(sh, hits, misses, inserts, evictions, rejected);
   }
 
   static void add_counters(Shard& sh, uint64_t hits, uint64_t misses, uint64_t inserts,
-                           uint64_t evictions) {
+                           uint64_t evictions, uint64_t rejected) {
     ShardCounters::add(sh.counters.hits, hits);
     ShardCounters::add(sh.counters.misses, misses);
     ShardCounters::add(sh.counters.inserts, inserts);
     ShardCounters::add(sh.counters.evictions, evictions);
+    ShardCounters::add(sh.counters.rejected, rejected);
   }
 
   // out[b] = rows[offsets[b]] (+ ...) in order, optionally weighted; mean divides by count.
@@ -335,7 +343,11 @@ struct BatchRunner {
     float* acc_base = ws.rows.data() + static_cast<size_t>(b) * dim;
     uint32_t* unique = ws.unique_rows.data() + b;
     uint32_t num_unique = 0;
-    uint64_t inserts = 0, evictions = 0;
+    uint64_t inserts = 0, evictions = 0, rejected = 0;
+    const bool track = t.track_steps_.load(std::memory_order_relaxed);
+    const uint32_t step = t.step();
+    const CountMinSketch* sketch = t.sketches_.empty() ? nullptr : &t.sketches_[s];
+    const uint32_t min_count = t.config_.admission.min_count;
     // Queue of resolved (position, row) pairs awaiting accumulation: entries
     // [done, resolved) are pending, at most kRowAhead of them.
     uint32_t ring[kRing];
@@ -412,16 +424,22 @@ struct BatchRunner {
       if (++resolved - done > kRowAhead) finish(done++);
     }
     while (done < resolved) finish(done++);
-    // Pass 2: insert the missing ids in order (an id may recur: find again first).
+    // Pass 2: insert the missing ids in order (an id may recur: find again first). With an
+    // admission filter, an id it has not admitted (by lookups) is not inserted and its
+    // gradient is dropped; applies do not count sightings (a training step would count twice).
     for (uint32_t k = 0; k < num_missing; ++k) {
       const uint32_t i = missing[k];
       const uint64_t id = r.keys[i];
       const uint64_t hash = mix64(id);
       uint32_t row = sh.find(id, hash);
       if (row == kNoRow) {
-        row = t.insert_locked(s, id, hash, evictions);
+        if (sketch != nullptr && sketch->estimate(hash) < min_count) {
+          ++rejected;
+          continue;
+        }
+        row = t.insert_locked(s, id, hash, step, evictions);
         if (row == kNoRow) {
-          add_counters(sh, 0, 0, inserts, evictions);
+          add_counters(sh, 0, 0, inserts, evictions, rejected);
           throw CapacityError(t.no_row_message(id, s));
         }
         ++inserts;
@@ -435,9 +453,10 @@ struct BatchRunner {
       const uint32_t row = unique[k];
       apply_update(opt, lr, t.row_ptr(sh, row), acc_base + static_cast<size_t>(k) * dim, dim);
       sh.reference(row);
-      sh.meta(row).flags |= kDirty;
+      sh.mark_dirty(row);
+      if (track) sh.meta(row).last_step = step;  // its line is cached: the pin wrote aux
     }
-    add_counters(sh, 0, 0, inserts, evictions);
+    add_counters(sh, 0, 0, inserts, evictions, rejected);
   }
 };
 
@@ -525,7 +544,24 @@ Table::Table(const TableConfig& config)
     total_quota += quotas[s];
   }
   pool_.store(config_.capacity - total_quota, std::memory_order_relaxed);
-  const size_t stride = row_stride(config_.dim, state_width(config_.optimizer, config_.dim));
+  const AdmissionConfig& adm = config_.admission;
+  if (adm.enabled()) {
+    if (adm.min_count > CountMinSketch::kMaxCount) {
+      throw std::invalid_argument("admission min_count must be <= " +
+                                  std::to_string(CountMinSketch::kMaxCount));
+    }
+    if (adm.depth == 0 || adm.depth > CountMinSketch::kMaxDepth) {
+      throw std::invalid_argument("admission depth must be in [1, " +
+                                  std::to_string(CountMinSketch::kMaxDepth) + "]");
+    }
+    if (adm.width < S || adm.width / S >= kNoRow) {
+      throw std::invalid_argument("admission width must be in [num_shards, 2^32 * num_shards)");
+    }
+    sketches_.reserve(S);
+    for (size_t s = 0; s < S; ++s) sketches_.emplace_back((adm.width + S - 1) / S, adm.depth);
+  }
+  staged_rows_.resize(S);
+  const size_t stride = row_stride(config_.dim, embstore::state_width(config_.optimizer, config_.dim));
   arena_ = RowArena(total_rows, stride);
   shards_.reserve(S);
   size_t first = 0;
@@ -538,6 +574,18 @@ Table::Table(const TableConfig& config)
 }
 
 Table::~Table() { ForkGuard::remove(this); }
+
+void Table::set_step(uint64_t step) {
+  if (step > 0xFFFFFFFFull) {
+    throw std::invalid_argument("step must be < 2^32, got " + std::to_string(step));
+  }
+  step_.store(static_cast<uint32_t>(step), std::memory_order_relaxed);
+  track_steps_.store(true, std::memory_order_relaxed);
+}
+
+size_t Table::state_width() const noexcept {
+  return embstore::state_width(config_.optimizer, config_.dim);
+}
 
 void Table::set_lr(float lr) {
   if (!(lr > 0.0f) || !std::isfinite(lr)) {
@@ -577,12 +625,19 @@ uint32_t Table::claim_row_locked(size_t shard_index, uint64_t& evictions) {
   if (config_.eviction != Eviction::kClock) return kNoRow;
   const uint32_t victim = sh.clock_victim();
   if (victim == kNoRow) return kNoRow;
+  if (config_.stage_evicted) {
+    RemovedRows& staged = staged_rows_[shard_index];
+    const float* values = row_ptr(sh, victim);
+    staged.ids.push_back(sh.meta(victim).id);
+    staged.rows.insert(staged.rows.end(), values, values + config_.dim);
+    staged_.fetch_add(1, std::memory_order_relaxed);
+  }
   sh.evict(victim);
   ++evictions;
   return victim;
 }
 
-uint32_t Table::insert_locked(size_t shard_index, uint64_t id, uint64_t hash,
+uint32_t Table::insert_locked(size_t shard_index, uint64_t id, uint64_t hash, uint32_t step,
                               uint64_t& evictions) {
   Shard& sh = *shards_[shard_index];
   const uint32_t row = claim_row_locked(shard_index, evictions);
@@ -590,7 +645,7 @@ uint32_t Table::insert_locked(size_t shard_index, uint64_t id, uint64_t hash,
   float* values = row_ptr(sh, row);
   initial_row(config_.initializer, id, values, config_.dim);
   init_state(config_.optimizer, values + config_.dim, config_.dim);
-  sh.link(id, hash, row);
+  sh.link(id, hash, row, step);
   return row;
 }
 
@@ -616,11 +671,14 @@ TableStats Table::stats() const {
     st.inserts += sh->counters.inserts.load(std::memory_order_relaxed);
     st.evictions += sh->counters.evictions.load(std::memory_order_relaxed);
     st.erased += sh->counters.erased.load(std::memory_order_relaxed);
+    st.rejected += sh->counters.rejected.load(std::memory_order_relaxed);
     st.lock_waits += sh->counters.lock_waits.load(std::memory_order_relaxed);
     st.lock_wait_ns += sh->counters.lock_wait_ns.load(std::memory_order_relaxed);
     st.arena_bytes_in_use += static_cast<uint64_t>(sh->used_rows()) * arena_.stride() * sizeof(float);
     meta_and_index += sh->footprint_bytes();
   }
+  if (config_.admission.enabled()) st.admitted = st.inserts;
+  for (const auto& sketch : sketches_) meta_and_index += sketch.bytes();
   const double arena_bytes = static_cast<double>(arena_.rows() * arena_.stride() * sizeof(float));
   st.bytes_per_row = (arena_bytes + static_cast<double>(meta_and_index)) /
                      static_cast<double>(arena_.rows());
@@ -691,6 +749,49 @@ size_t Table::erase(const uint64_t* keys, size_t n) {
     removed.fetch_add(count, std::memory_order_relaxed);
   });
   return removed.load();
+}
+
+size_t Table::evict_older_than(uint64_t step, bool with_state, RemovedRows& out) {
+  const size_t width = with_state ? config_.dim + state_width() : config_.dim;
+  if (out.width != 0 && out.width != width) throw std::invalid_argument("row width mismatch");
+  out.width = width;
+  size_t removed = 0;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    Shard& sh = *shards_[s];
+    const auto lock = sh.lock();
+    size_t returned = 0, count = 0;
+    for (uint32_t row = 0; row < sh.claimed_rows(); ++row) {
+      if (!sh.occupied(row) || sh.meta(row).last_step >= step) continue;
+      const float* values = row_ptr(sh, row);
+      out.ids.push_back(sh.meta(row).id);
+      out.rows.insert(out.rows.end(), values, values + width);
+      if (sh.size() > sh.quota()) ++returned;  // that row was borrowed from the pool
+      sh.free_row(row);
+      ++count;
+    }
+    ShardCounters::add(sh.counters.evictions, count);
+    removed += count;
+    if (returned != 0) give_back(returned);
+  }
+  return removed;
+}
+
+size_t Table::drain_evicted(RemovedRows& out) {
+  if (out.width != 0 && out.width != config_.dim) throw std::invalid_argument("row width mismatch");
+  out.width = config_.dim;
+  size_t moved = 0;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    RemovedRows& staged = staged_rows_[s];
+    const auto lock = shards_[s]->lock();
+    if (staged.ids.empty()) continue;
+    out.ids.insert(out.ids.end(), staged.ids.begin(), staged.ids.end());
+    out.rows.insert(out.rows.end(), staged.rows.begin(), staged.rows.end());
+    moved += staged.ids.size();
+    staged.ids.clear();  // keeps capacity: no allocation once warm
+    staged.rows.clear();
+  }
+  staged_.fetch_sub(moved, std::memory_order_relaxed);
+  return moved;
 }
 
 void Table::initial_values(const uint64_t* keys, size_t n, float* out) const {

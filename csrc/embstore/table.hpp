@@ -26,6 +26,7 @@
 #include <string>   // std::string
 #include <vector>   // std::vector
 
+#include "embstore/admission.hpp"  // CountMinSketch
 #include "embstore/arena.hpp"   // RowArena
 #include "embstore/config.hpp"   // TableConfig
 #include "embstore/metrics.hpp"  // TimerSet, Timer
@@ -38,12 +39,22 @@ enum class PoolMode : uint8_t { kSum = 0, kMean = 1 };
 struct TableStats {
   size_t size = 0, capacity = 0, dim = 0, num_shards = 0, row_stride = 0;
   uint64_t hits = 0, misses = 0, inserts = 0, evictions = 0, erased = 0;
+  uint64_t admitted = 0, rejected = 0;        // admission filter: inserts it let through,
+                                              // occurrences of ids it kept out
   uint64_t lock_waits = 0, lock_wait_ns = 0;  // shard-lock acquisitions that blocked
   uint64_t arena_bytes_in_use = 0;            // rows ever claimed x row bytes
   double bytes_per_row = 0;  // arena + metadata + index bytes per row of capacity
 };
 
 class Table;
+
+// Rows taken out of a table (Table::evict_older_than, Table::drain_evicted): ids[i] with its
+// `width` floats (weights, then optimizer state when asked for) at rows[i * width].
+struct RemovedRows {
+  std::vector<uint64_t> ids;
+  std::vector<float> rows;
+  size_t width = 0;
+};
 
 // One table's part of a pooled lookup: out[b] = sum (or mean) of rows of keys in bag b.
 struct LookupSumRequest {
@@ -96,6 +107,11 @@ class Table {
   // The learning rate (alpha for FTRL) used by later calls; a call reads it once.
   float lr() const noexcept { return lr_.load(std::memory_order_relaxed); }
   void set_lr(float lr);
+  // The training step that lookups and updates record into their rows (RowMeta::last_step).
+  // Until the first set_step every row records step 0 without writing it.
+  uint32_t step() const noexcept { return step_.load(std::memory_order_relaxed); }
+  void set_step(uint64_t step);
+  size_t state_width() const noexcept;
   TableStats stats() const;
   // Latency histograms of operations and batch stages (see metrics.hpp).
   const TimerSet& timers() const noexcept { return timers_; }
@@ -115,6 +131,13 @@ class Table {
   size_t erase(const uint64_t* keys, size_t n);
   // The initializer's rows for keys (the table is not touched).
   void initial_values(const uint64_t* keys, size_t n, float* out) const;  // out: (n, dim)
+  // Removes every row whose last step is < `step`, appending them to `out` (weights, and the
+  // optimizer state too when `with_state`). Shard by shard, each under its lock.
+  size_t evict_older_than(uint64_t step, bool with_state, RemovedRows& out);
+  // Moves the rows CLOCK evicted since the last drain (config.stage_evicted) into `out`.
+  size_t drain_evicted(RemovedRows& out);
+  // Evicted rows waiting for drain_evicted (a lock-free hint: 0 means none).
+  size_t evicted_pending() const noexcept { return staged_.load(std::memory_order_relaxed); }
 
  private:
   friend void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op);
@@ -130,7 +153,8 @@ class Table {
   }
   // Inserts the absent `id` into shard `shard_index` (whose lock the caller holds) with its
   // initial row and state. Returns the shard-local row, or kNoRow when no row can be had.
-  uint32_t insert_locked(size_t shard_index, uint64_t id, uint64_t hash, uint64_t& evictions);
+  uint32_t insert_locked(size_t shard_index, uint64_t id, uint64_t hash, uint32_t step,
+                         uint64_t& evictions);
   uint32_t claim_row_locked(size_t shard_index, uint64_t& evictions);
   bool try_borrow() noexcept;
   void give_back(size_t rows) noexcept { pool_.fetch_add(rows, std::memory_order_relaxed); }
@@ -144,6 +168,13 @@ class Table {
   // sum(quota) + pool_ + rows lent == capacity, so len(table) <= capacity always.
   std::atomic<size_t> pool_{0};
   std::atomic<float> lr_;
+  std::atomic<uint32_t> step_{0};
+  std::atomic<bool> track_steps_{false};  // set by the first set_step
+  // Per shard, guarded by that shard's lock: its admission sketch (empty when admission is
+  // off) and the rows CLOCK evicted while config_.stage_evicted.
+  std::vector<CountMinSketch> sketches_;
+  std::vector<RemovedRows> staged_rows_;
+  std::atomic<size_t> staged_{0};
   TimerSet timers_;
 };
 

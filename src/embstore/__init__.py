@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from embstore import metrics
 from embstore._core import CapacityError
+from embstore.admission import CountFilter
 from embstore.group import TableGroup
 from embstore.initializers import Normal, TruncatedNormal, Uniform, Zeros
 from embstore.optimizers import FTRL, SGD, Adagrad, Adam, RowWiseAdagrad
@@ -27,6 +28,7 @@ __all__ = [
     "Adagrad",
     "Adam",
     "CapacityError",
+    "CountFilter",
     "Normal",
     "RowWiseAdagrad",
     "Table",

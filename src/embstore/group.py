@@ -69,6 +69,15 @@ class TableGroup(Mapping[str, Table]):
             msg = f"unknown table {name!r}; the group has {self.names}"
             raise KeyError(msg) from None
 
+    def _deliver_evicted(self, names: list[str]) -> None:
+        for name in names:  # each table's on_evict, after the whole call (no locks held)
+            self._tables[name]._deliver_evicted()
+
+    def set_step(self, step: int) -> None:
+        """``Table.set_step(step)`` on every table of the group."""
+        for table in self._tables.values():
+            table.set_step(step)
+
     def stats(self) -> dict[str, dict[str, Any]]:
         """``Table.stats()`` of every table, by name (a group call's latency is recorded into
         each table it touches)."""
@@ -113,6 +122,7 @@ class TableGroup(Mapping[str, Table]):
             outs=outs,
             labels=names,
         )
+        self._deliver_evicted(names)
         return dict(zip(names, outs))
 
     def apply_gradients(self, grads: Mapping[str, tuple[Any, ...]], *, mode: str = "sum") -> None:
@@ -150,3 +160,4 @@ class TableGroup(Mapping[str, Table]):
             mode=code,
             labels=names,
         )
+        self._deliver_evicted(names)

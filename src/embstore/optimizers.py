@@ -20,7 +20,16 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-__all__ = ["FTRL", "SGD", "Adagrad", "Adam", "Optimizer", "RowWiseAdagrad", "learning_rate"]
+__all__ = [
+    "FTRL",
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "Optimizer",
+    "RowWiseAdagrad",
+    "learning_rate",
+    "state_layout",
+]
 
 
 def _positive_finite(name: str, value: float) -> float:
@@ -145,3 +154,19 @@ def with_learning_rate(optimizer: Optimizer, lr: float) -> Optimizer:
     if isinstance(optimizer, FTRL):
         return dataclasses.replace(optimizer, alpha=lr)
     return dataclasses.replace(optimizer, lr=lr)
+
+
+def state_layout(optimizer: Optimizer, dim: int) -> list[tuple[str, int, str]]:
+    """The optimizer state stored after a row's ``dim`` weights, in order, as
+    ``(name, floats, dtype)``: Adagrad ``accumulator`` [dim]; RowWiseAdagrad ``accumulator``
+    [1]; SGD with momentum ``momentum`` [dim]; Adam ``m`` [dim], ``v`` [dim], ``step`` [1]
+    (a uint32 count stored in a float32 slot); FTRL ``z`` [dim], ``n`` [dim]."""
+    if isinstance(optimizer, RowWiseAdagrad):
+        return [("accumulator", 1, "float32")]
+    if isinstance(optimizer, Adagrad):
+        return [("accumulator", dim, "float32")]
+    if isinstance(optimizer, SGD):
+        return [("momentum", dim, "float32")] if optimizer.momentum > 0.0 else []
+    if isinstance(optimizer, Adam):
+        return [("m", dim, "float32"), ("v", dim, "float32"), ("step", 1, "uint32")]
+    return [("z", dim, "float32"), ("n", dim, "float32")]

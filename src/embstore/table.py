@@ -8,12 +8,15 @@ Exact semantics: ``docs/semantics.md``.
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from embstore import _arrays, _core, metrics
+from embstore.admission import CountFilter
 from embstore.initializers import Initializer, Normal, TruncatedNormal, Uniform, Zeros
 from embstore.optimizers import (
     FTRL,
@@ -23,6 +26,7 @@ from embstore.optimizers import (
     Optimizer,
     RowWiseAdagrad,
     learning_rate,
+    state_layout,
     with_learning_rate,
 )
 
@@ -34,6 +38,10 @@ __all__ = ["Table"]
 _EVICTION = {"none": 0, "clock": 1}
 _OPTIMIZER = {SGD: 0, Adagrad: 1, RowWiseAdagrad: 2, Adam: 3, FTRL: 4}
 _INITIALIZER = {Zeros: 0, Uniform: 1, Normal: 2, TruncatedNormal: 3}
+_MAX_STEP = 2**32 - 1
+
+#: ``on_evict(ids, values)``: uint64 ``[k]`` and float32 ``[k, dim]`` of rows CLOCK evicted.
+EvictCallback = Callable[[npt.NDArray[np.uint64], npt.NDArray[np.float32]], object]
 
 
 def _initializer_args(init: Initializer) -> tuple[int, float, float, int]:
@@ -71,6 +79,20 @@ class Table:
     name : str, optional
         Labels the table in metrics reports and the Prometheus export. Default: its name in
         the first :class:`~embstore.TableGroup` that holds it, else ``"table<k>"``.
+    admission : CountFilter, optional
+        Give an id a row only once it has been seen ``min_count`` times
+        (see :class:`~embstore.CountFilter`). Default: every id is admitted.
+    on_evict : callable, optional
+        ``on_evict(ids, values)`` receives the rows that CLOCK eviction removed (uint64
+        ``[k]``, float32 ``[k, dim]``, fresh arrays the callback may keep). While a batch
+        runs, evicted rows are copied aside under their shard's lock; the callback runs after
+        the call that evicted them has finished, in the calling thread, holding the GIL and no
+        table lock, so it may call back into the table (rows evicted by such a nested call are
+        delivered by the same loop, never by a nested callback). If it raises, the exception
+        propagates from that call and the rows it was given are not offered again. With
+        several threads each call delivers what it finds waiting, so a batch of evictions may
+        reach the callback from another thread's call. :meth:`evict` does not call it (it
+        returns the rows) and :meth:`erase` removes rows without export.
 
     Notes
     -----
@@ -90,6 +112,8 @@ class Table:
         eviction: str = "clock",
         num_threads: int | None = None,
         name: str | None = None,
+        admission: CountFilter | None = None,
+        on_evict: EvictCallback | None = None,
     ) -> None:
         dim = _arrays.positive_int("dim", dim)
         capacity = _arrays.positive_int("capacity", capacity)
@@ -119,6 +143,13 @@ class Table:
                 msg = f"num_shards ({shards}) must not exceed capacity ({capacity})"
                 raise ValueError(msg)
         threads = 0 if num_threads is None else _arrays.positive_int("num_threads", num_threads)
+        if admission is not None and not isinstance(admission, CountFilter):
+            msg = f"admission must be an embstore.CountFilter or None, got {admission!r}"
+            raise TypeError(msg)
+        if on_evict is not None and not callable(on_evict):
+            msg = f"on_evict must be callable or None, got {on_evict!r}"
+            raise TypeError(msg)
+        filtered = admission is not None and admission.min_count > 1
         kind, a, b, seed = _initializer_args(initializer)
         self._optimizer: Optimizer = optimizer
         self._initializer: Initializer = initializer
@@ -144,7 +175,14 @@ class Table:
             init_a=a,
             init_b=b,
             seed=seed,
+            admission_min_count=admission.min_count if filtered and admission else 0,
+            admission_width=admission.width if filtered and admission else 0,
+            admission_depth=admission.depth if filtered and admission else 0,
+            stage_evicted=on_evict is not None,
         )
+        self._admission = admission
+        self._on_evict = on_evict
+        self._delivering = threading.local()
         self._dim = dim
         self._name_given = name is not None
         self.name: str = name if name is not None else metrics.register(self)
@@ -189,6 +227,91 @@ class Table:
             raise ValueError(msg)
         impl.set_lr(lr)
         self._optimizer = with_learning_rate(self._optimizer, lr)
+
+    @property
+    def admission(self) -> CountFilter | None:
+        """The admission filter, or None when every id is admitted."""
+        return self._admission
+
+    @property
+    def step(self) -> int:
+        """The current training step (see :meth:`set_step`)."""
+        return int(self._live().step)
+
+    def set_step(self, step: int) -> None:
+        """Set the table's current training step, an int in ``[0, 2**32)``.
+
+        Every row records the step at which it was last looked up (with or without
+        ``insert``) or updated; :meth:`evict` removes rows by it. Before the first call every
+        row's step is 0 (and nothing is recorded, so tables that never use steps pay
+        nothing). A call running meanwhile may record the old or the new step.
+        """
+        impl = self._live()
+        if isinstance(step, bool) or not isinstance(step, int | np.integer):
+            msg = f"step must be an int, got {type(step).__name__}"
+            raise TypeError(msg)
+        if not 0 <= int(step) <= _MAX_STEP:
+            msg = f"step must be in [0, 2**32), got {step}"
+            raise ValueError(msg)
+        impl.set_step(int(step))
+
+    def evict(self, *, older_than: int, with_state: bool = False) -> dict[str, np.ndarray]:
+        """Remove every row whose last step is < ``older_than`` and return them.
+
+        Returns ``{"ids": uint64 [k], "values": float32 [k, dim]}`` and, with
+        ``with_state=True``, one entry per optimizer state (named as in
+        :meth:`state_names`: e.g. ``"accumulator"`` for Adagrad, ``"m"``, ``"v"``,
+        ``"step"`` (uint32) for Adam; one-float states are 1-D), so a PS can spill them.
+        Shards are scanned one at a time, each under its lock: calls on other shards go on.
+        """
+        impl = self._live()
+        if isinstance(older_than, bool) or not isinstance(older_than, int | np.integer):
+            msg = f"older_than must be an int, got {type(older_than).__name__}"
+            raise TypeError(msg)
+        bound = int(older_than)
+        if bound < 0:
+            msg = f"older_than must be >= 0, got {bound}"
+            raise ValueError(msg)
+        removed = impl.evict_older_than(step=min(bound, 2**63), with_state=bool(with_state))
+        return self._split_rows(removed["ids"], removed["rows"], with_state=bool(with_state))
+
+    def state_names(self) -> list[str]:
+        """Names of the optimizer state entries of :meth:`evict` (and checkpoints)."""
+        return [name for name, _, _ in state_layout(self._optimizer, self._dim)]
+
+    def _split_rows(
+        self, ids: npt.NDArray[np.uint64], rows: npt.NDArray[np.float32], *, with_state: bool
+    ) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {
+            "ids": ids,
+            "values": np.ascontiguousarray(rows[:, : self._dim]),
+        }
+        if not with_state:
+            return out
+        col = self._dim
+        for name, width, dtype in state_layout(self._optimizer, self._dim):
+            part = np.ascontiguousarray(rows[:, col : col + width])
+            if dtype == "uint32":
+                part = part.view(np.uint32)
+            out[name] = part[:, 0] if width == 1 else part
+            col += width
+        return out
+
+    def _deliver_evicted(self) -> None:
+        """Hand rows CLOCK evicted to ``on_evict`` (after a call that may insert)."""
+        impl = self._impl
+        if self._on_evict is None or impl is None or impl.evicted_pending == 0:
+            return
+        if getattr(self._delivering, "active", False):
+            return  # a nested call from the callback: the outer loop delivers its rows
+        self._delivering.active = True
+        try:
+            while impl.evicted_pending:
+                batch = impl.drain_evicted()
+                if batch["ids"].shape[0]:
+                    self._on_evict(batch["ids"], batch["rows"])
+        finally:
+            self._delivering.active = False
 
     @property
     def initializer(self) -> Initializer:
@@ -256,6 +379,7 @@ class Table:
         k = _arrays.as_keys(keys)
         result = _arrays.output(out, k.shape[0], self._dim)
         impl.lookup(keys=k, insert=bool(insert), out=result)
+        self._deliver_evicted()
         return result
 
     def lookup_sum(
@@ -281,6 +405,7 @@ class Table:
         code = _arrays.mode_code(mode)
         result = _arrays.output(out, off.shape[0] - 1, self._dim)
         impl.lookup_sum(keys=k, offsets=off, weights=w, mode=code, insert=bool(insert), out=result)
+        self._deliver_evicted()
         return result
 
     def apply_gradients(
@@ -310,11 +435,13 @@ class Table:
                 raise ValueError(msg)
             g = _arrays.as_grads(grads, n, self._dim, "one row per key")
             impl.apply_gradients(keys=k, grads=g, offsets=None, weights=None, mode=0)
+            self._deliver_evicted()
             return
         off = _arrays.as_offsets(offsets)
         w = _arrays.as_weights(weights, n)
         g = _arrays.as_grads(grads, off.shape[0] - 1, self._dim, "one row per bag")
         impl.apply_gradients(keys=k, grads=g, offsets=off, weights=w, mode=code)
+        self._deliver_evicted()
 
     def contains(self, keys: npt.ArrayLike) -> npt.NDArray[np.bool_]:
         """Return bool ``[n]``: whether each id has a row. Inserts nothing."""
@@ -339,7 +466,9 @@ class Table:
 
     def stats(self) -> dict[str, Any]:
         """Return counters: size, capacity, dim, num_shards, hits, misses, inserts,
-        evictions, erased, row_stride (floats), bytes_per_row, and ``latency``: per
+        evictions (by CLOCK and by :meth:`evict`), erased, admitted and rejected (admission
+        filter), lock_waits, lock_wait_us, arena_bytes_in_use, row_stride (floats),
+        bytes_per_row, and ``latency``: per
         operation and batch stage, ``{"count", "p50_us", "p95_us", "p99_us", "max_us",
         "mean_us"}`` (see :mod:`embstore.metrics`)."""
         return dict(self._live().stats())

@@ -653,10 +653,12 @@ TEST_CASE(shard_link_find_unlink) {
     CHECK(sh.find(ids[i], mix64(ids[i])) == kNoRow);
     const uint32_t row = sh.claim_unused_row();
     CHECK(row == i);  // never-used rows in order
-    sh.link(ids[i], mix64(ids[i]), row);
+    sh.link(ids[i], mix64(ids[i]), row, 0);
     CHECK(sh.meta(row).id == ids[i]);
     CHECK(sh.meta(row).aux == kNoRow);
-    CHECK((sh.meta(row).flags & kOccupied) != 0);
+    CHECK(sh.occupied(row));
+    CHECK(sh.dirty(row));  // new rows are dirty until a checkpoint
+    CHECK(sh.meta(row).last_step == 0);
     CHECK(sh.referenced(row));  // set on insert
     CHECK(sh.counters.size.load() == i + 1);
   }
@@ -666,7 +668,8 @@ TEST_CASE(shard_link_find_unlink) {
 
   CHECK(sh.unlink_and_free(ids[3], mix64(ids[3])) == 3);
   CHECK(sh.find(ids[3], mix64(ids[3])) == kNoRow);
-  CHECK(sh.meta(3).flags == 0);
+  CHECK(!sh.occupied(3));
+  CHECK(!sh.dirty(3));
   CHECK(sh.unlink_and_free(ids[3], mix64(ids[3])) == kNoRow);  // already gone
   CHECK(sh.unlink_and_free(999, mix64(999)) == kNoRow);        // never there
   CHECK(sh.counters.size.load() == 7);
@@ -679,8 +682,8 @@ TEST_CASE(shard_link_find_unlink) {
   CHECK(sh.claim_unused_row() == 5);
   CHECK(sh.claim_unused_row() == 3);
   CHECK(!sh.has_unclaimed_row());
-  sh.link(77, mix64(77), 5);
-  sh.link(78, mix64(78), 3);
+  sh.link(77, mix64(77), 5, 0);
+  sh.link(78, mix64(78), 3, 0);
   CHECK(sh.find(77, mix64(77)) == 5);
   CHECK(sh.find(78, mix64(78)) == 3);
   CHECK(sh.counters.size.load() == 8);
@@ -724,7 +727,7 @@ TEST_CASE(shard_backward_shift_keeps_colliding_ids_findable) {
       for (uint64_t id : {high[k], pool[k]}) {
         if (!sh.has_unclaimed_row()) break;
         const uint32_t row = sh.claim_unused_row();
-        sh.link(id, mix64(id), row);
+        sh.link(id, mix64(id), row, 0);
         model[id] = row;
       }
     }
@@ -740,7 +743,7 @@ TEST_CASE(shard_backward_shift_keeps_colliding_ids_findable) {
         const uint32_t row = sh.claim_unused_row();
         CHECK(row < rows);
         for (const auto& kv : model) CHECK(kv.second != row);  // a free row, not a live one
-        sh.link(id, mix64(id), row);
+        sh.link(id, mix64(id), row, 0);
         model[id] = row;
         verify("after link");
       }
@@ -762,17 +765,17 @@ TEST_CASE(shard_clock_victim_and_pins) {
   std::lock_guard<std::mutex> lock(sh.mutex());
   CHECK(sh.clock_victim() == kNoRow);  // nothing occupied
   const Ids ids = {10, 20, 30, 40};
-  for (uint64_t id : ids) sh.link(id, mix64(id), sh.claim_unused_row());
+  for (uint64_t id : ids) sh.link(id, mix64(id), sh.claim_unused_row(), 0);
   // Every bit is set on insert: one sweep clears them all, then row 0 is the victim.
   CHECK(sh.clock_victim() == 0);
   for (uint32_t r = 0; r < 4; ++r) CHECK(!sh.referenced(r));
   CHECK(sh.find(10, mix64(10)) == 0);  // the victim stays linked until evict()
   sh.evict(0);
   CHECK(sh.find(10, mix64(10)) == kNoRow);
-  CHECK(sh.meta(0).flags == 0);
+  CHECK(!sh.occupied(0));
   CHECK(sh.counters.size.load() == 3);
   for (uint64_t id : {20, 30, 40}) CHECK(sh.find(id, mix64(id)) != kNoRow);
-  sh.link(50, mix64(50), 0);
+  sh.link(50, mix64(50), 0, 0);
   CHECK(sh.clock_victim() == 1);  // the hand moved past row 0; row 1's bit is clear
   // A pinned row (aux set) is skipped and keeps its reference bit.
   sh.reference(2);
