@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 import embstore
-from embstore.bench import embstore_tables, make_tables, make_workload
+from embstore.bench import embstore_tables, make_tables, make_workload, warm_table
 
 OPTIMIZERS: dict[str, Any] = {
     "SGD": embstore.SGD(lr=0.01),
@@ -25,6 +25,14 @@ OPTIMIZERS: dict[str, Any] = {
     "RowWiseAdagrad": embstore.RowWiseAdagrad(lr=0.01),
     "Adam": embstore.Adam(lr=0.001),
     "FTRL": embstore.FTRL(alpha=0.05, l1=1e-4),
+}
+# Adagrad with the training-completeness features on: (table kwargs, set_step per batch).
+VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {
+    "Adagrad + CountFilter(min_count=2)": (
+        {"admission": embstore.CountFilter(min_count=2, width=1 << 20, depth=4)},
+        False,
+    ),
+    "Adagrad + set_step every batch": ({}, True),
 }
 
 
@@ -57,13 +65,22 @@ def main() -> None:
     )
     print("| optimizer | row stride (floats) | L | fwd ms | bwd+upd ms | step ms |")
     print("|---|---|---|---|---|---|")
-    for name, opt in OPTIMIZERS.items():
-        group = embstore_tables(tables, args.dim, optimizer=opt, threads=args.threads)
+    runs: list[tuple[str, Any, dict[str, Any], bool]] = [
+        (name, opt, {}, False) for name, opt in OPTIMIZERS.items()
+    ]
+    runs += [(name, OPTIMIZERS["Adagrad"], kw, steps) for name, (kw, steps) in VARIANTS.items()]
+    for name, opt, extra, steps in runs:
+        group = embstore_tables(tables, args.dim, optimizer=opt, threads=args.threads, **extra)
+        if "admission" in extra:  # a second sighting admits every warm id
+            for tab, t in zip(tables, group.values()):
+                warm_table(t, tab.warm_ids, args.dim)
         g = embstore.TableGroup(group)
         stride = next(iter(group.values())).stats()["row_stride"]
         for pooling, wl in workloads.items():
             fwd, bwd = [], []
             for i, batch in enumerate(wl.batches):
+                if steps:
+                    g.set_step(i + 1)
                 feats = {n: (k, batch.offsets) for n, k in zip(group, batch.keys)}
                 a = time.perf_counter()
                 g.lookup_sum(feats)

@@ -279,6 +279,72 @@ def test_insert_evict(benchmark: Any, dim: int, n: int) -> None:
 
 
 # --------------------------------------------------------------------------------------
+# training completeness: admission filter, step eviction, on_evict
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.benchmark(group="admission")
+@pytest.mark.parametrize("admission", [False, True], ids=["no_filter", "count_filter"])
+def test_lookup_sum_admission(benchmark: Any, admission: bool) -> None:
+    """Pooled lookup (L=8, B=2048, dim 64) of warm tables with and without a CountFilter: the
+    filter costs nothing on hits (only misses consult the sketch)."""
+    dim, pooling, n_bags = 64, 8, 2048
+    kwargs = {"admission": embstore.CountFilter(min_count=2, width=1 << 16)} if admission else {}
+    t = embstore.Table(dim=dim, capacity=UNIVERSE, initializer=embstore.Normal(0.01), **kwargs)
+    for _ in range(2):  # two sightings admit every id
+        warm(t, _TABLE.warm_ids, dim)
+    assert len(t) == UNIVERSE
+    keys, off = zipf_keys(n_bags * pooling, 11), bags(n_bags, pooling)
+    np.testing.assert_allclose(
+        t.lookup_sum(keys, off), reference_pool(t.lookup(keys, insert=False), pooling), rtol=1e-6
+    )
+    benchmark(t.lookup_sum, keys, off)
+
+
+@pytest.mark.benchmark(group="evict")
+def test_evict_older_than(benchmark: Any) -> None:
+    """evict(older_than=) of half of a 20k-row table (dim 64, with state): scan + export."""
+    dim = 64
+    half = UNIVERSE // 2
+
+    def setup() -> tuple[tuple[()], dict[str, Any]]:
+        t = new_table(dim, UNIVERSE)
+        warm(t, _TABLE.warm_ids[:half], dim)
+        t.set_step(1)
+        warm(t, _TABLE.warm_ids[half:], dim)
+        return (), {"older_than": 1, "with_state": True, "_t": t}
+
+    def run(older_than: int, with_state: bool, _t: Any) -> None:
+        got = _t.evict(older_than=older_than, with_state=with_state)
+        assert got["ids"].shape[0] == half
+        assert got["accumulator"].shape == (half, dim)
+
+    benchmark.pedantic(run, setup=setup, rounds=10)
+
+
+@pytest.mark.benchmark(group="insert_evict")
+@pytest.mark.parametrize("n", [2048])
+def test_insert_evict_on_evict(benchmark: Any, n: int) -> None:
+    """test_insert_evict's churn (dim 64) with an on_evict callback receiving every row."""
+    dim = 64
+    received = [0]
+
+    def spill(ids: U64Array, values: F32Array) -> None:
+        received[0] += ids.shape[0]
+
+    t = embstore.Table(dim=dim, capacity=EVICT_CAPACITY, on_evict=spill)
+    warm(t, splitmix64(np.arange(EVICT_CAPACITY, dtype=np.uint64) + np.uint64(1 << 50)), dim)
+    counter = iter(range(1 << 40, 1 << 41, n))
+
+    def setup() -> tuple[tuple[U64Array], dict[str, Any]]:
+        start = next(counter)
+        return (splitmix64(np.arange(start, start + n, dtype=np.uint64)),), {}
+
+    benchmark.pedantic(t.lookup, setup=setup, rounds=30, warmup_rounds=2)
+    assert received[0] == t.stats()["evictions"] > 0
+
+
+# --------------------------------------------------------------------------------------
 # The W1 workload generator (embstore.bench) follows WORKLOADS.md
 # --------------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from reference import (
 
 import embstore
 
-COUNTERS = ("hits", "misses", "inserts", "evictions", "erased")
+COUNTERS = ("hits", "misses", "inserts", "evictions", "erased", "admitted", "rejected")
 UNIFORM = UniformSpec(low=-0.5, high=0.5, seed=7)
 SGD_HALF = SGDSpec(lr=0.5)
 
@@ -81,6 +81,7 @@ class Config:
     eviction: str = "clock"
     num_shards: int | None = None
     num_threads: int | None = None
+    min_count: int = 1  # > 1: an exact admission filter (a sketch too wide to collide)
 
     def table(self, **override: Any) -> embstore.Table:
         """A fresh store with this configuration (keyword overrides allowed)."""
@@ -93,13 +94,20 @@ class Config:
             "num_shards": self.num_shards,
             "num_threads": self.num_threads,
         }
+        if self.min_count > 1:
+            kw["admission"] = embstore.CountFilter(min_count=self.min_count, width=1 << 22)
         kw.update(override)
         return embstore.Table(**kw)
 
     def reference(self) -> ReferenceTable:
         """A fresh reference model with this configuration."""
         return ReferenceTable(
-            self.dim, self.capacity, self.optimizer, self.initializer, self.eviction
+            self.dim,
+            self.capacity,
+            self.optimizer,
+            self.initializer,
+            self.eviction,
+            min_count=self.min_count,
         )
 
     def pair(self, **override: Any) -> tuple[embstore.Table, ReferenceTable]:

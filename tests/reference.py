@@ -438,6 +438,8 @@ class ReferenceTable:
 
     With ``eviction="clock"`` the model is exact only for ``num_shards=1`` (or when the
     table never fills); with ``eviction="none"`` the capacity check is exact for one shard.
+    ``min_count`` models an admission filter with exact counts (a ``CountFilter`` whose
+    sketch is wide enough to have no collisions for the ids used).
     """
 
     def __init__(
@@ -447,6 +449,7 @@ class ReferenceTable:
         optimizer: OptSpec,
         initializer: InitSpec,
         eviction: str = "clock",
+        min_count: int = 1,
     ) -> None:
         self.dim = dim
         self.capacity = capacity
@@ -466,6 +469,12 @@ class ReferenceTable:
         self.inserts = 0
         self.evictions = 0
         self.erased = 0
+        self.step = 0
+        self.last_step: dict[int, int] = {}
+        self.min_count = min_count
+        self.seen: dict[int, int] = {}  # sightings of ids without a row (admission)
+        self.rejected = 0
+        self.evicted_log: list[tuple[int, F32Array]] = []  # rows CLOCK evicted, in order
 
     # ---- introspection ------------------------------------------------------------
     def __len__(self) -> int:
@@ -482,6 +491,8 @@ class ReferenceTable:
             "inserts": self.inserts,
             "evictions": self.evictions,
             "erased": self.erased,
+            "admitted": self.inserts if self.min_count > 1 else 0,
+            "rejected": self.rejected,
         }
 
     def keys(self) -> list[int]:
@@ -515,14 +526,16 @@ class ReferenceTable:
             slot = self._clock_victim(pinned)
             victim = self.slot_key.pop(slot)
             del self.slot_of[victim]
-            del self.weights[victim]
+            self.evicted_log.append((victim, self.weights.pop(victim)))
             del self.state[victim]
+            del self.last_step[victim]
             self.evictions += 1
         self.slot_key[slot] = key
         self.slot_of[key] = slot
         self.ref[slot] = True
         self.weights[key] = row.copy()
         self.state[key] = fresh_state(self.optimizer, self.dim)
+        self.last_step[key] = self.step
         self.inserts += 1
 
     def _clock_victim(self, pinned: set[int]) -> int:
@@ -550,9 +563,15 @@ class ReferenceTable:
             if slot is not None:
                 self.hits += 1
                 self.ref[slot] = True
+                self.last_step[k] = self.step
                 out[i] = self.weights[k]
                 continue
             self.misses += 1
+            if insert and self.min_count > 1:
+                self.seen[k] = self.seen.get(k, 0) + 1
+                if self.seen[k] < self.min_count:
+                    self.rejected += 1
+                    continue
             if insert:
                 self._insert(k, inits[i], set())
                 out[i] = self.weights[k]
@@ -594,6 +613,10 @@ class ReferenceTable:
         g = per_id_grads(len(ids), grads, offsets, weights, mode)
         summed: dict[int, F32Array] = {}
         for i, k in enumerate(ids):
+            admitted = self.seen.get(k, 0) >= self.min_count
+            if self.min_count > 1 and k not in self.slot_of and not admitted:
+                self.rejected += 1  # not admitted: its gradient is dropped
+                continue
             acc = summed.get(k)
             if acc is None:
                 acc = np.zeros(self.dim, dtype=F32)
@@ -606,6 +629,28 @@ class ReferenceTable:
         for k, gk in summed.items():
             self._update(k, gk)
             self.ref[self.slot_of[k]] = True
+            self.last_step[k] = self.step
+
+    def set_step(self, step: int) -> None:
+        """``Table.set_step``: later lookups and updates record ``step`` in their rows."""
+        self.step = step
+
+    def evict(self, older_than: int) -> tuple[list[int], F32Array, list[RowState]]:
+        """``Table.evict``: rows with last step < ``older_than``, in slot order (one shard),
+        freed like ``erase``; returns (ids, values, states)."""
+        ids = [k for k in self.keys() if self.last_step[k] < older_than]
+        values = np.array([self.weights[k] for k in ids], dtype=F32).reshape(len(ids), self.dim)
+        states = [self.state[k] for k in ids]
+        for k in ids:
+            slot = self.slot_of.pop(k)
+            del self.slot_key[slot]
+            del self.weights[k]
+            del self.state[k]
+            del self.last_step[k]
+            self.ref[slot] = False
+            self.free.append(slot)
+        self.evictions += len(ids)
+        return ids, values, states
 
     def _update(self, key: int, g: F32Array) -> None:
         self.weights[key] = optimizer_step(self.optimizer, self.weights[key], self.state[key], g)
@@ -643,6 +688,7 @@ class ReferenceTable:
             del self.slot_key[slot]
             del self.weights[k]
             del self.state[k]
+            del self.last_step[k]
             self.ref[slot] = False
             self.free.append(slot)
             removed += 1

@@ -495,11 +495,13 @@ def embstore_tables(
     threads: int | None = None,
     warm: bool = True,
     warm_filter: Callable[[U64Array], U64Array] | None = None,
+    **table_kwargs: Any,
 ) -> dict[str, Any]:
     """One embstore Table per workload table, by name: W1's initializer (Normal(0.01),
     seeded by the table index), ``optimizer`` (default W1's Adagrad), ``capacity`` (default
     the universe), warmed in placement order unless ``warm`` is false. ``warm_filter`` picks
-    which of the ids to insert (W4 leaves some out)."""
+    which of the ids to insert (W4 leaves some out); ``table_kwargs`` go to ``Table``
+    (e.g. ``admission``)."""
     es = importlib.import_module("embstore")
     out: dict[str, Any] = {}
     for tab in tables:
@@ -510,6 +512,7 @@ def embstore_tables(
             initializer=es.Normal(std=0.01, seed=tab.index),
             eviction="clock",
             num_threads=threads,
+            **table_kwargs,
         )
         if warm:
             ids = tab.warm_ids if warm_filter is None else warm_filter(tab.warm_ids)
