@@ -85,11 +85,15 @@ def test_every_operation_and_stage_is_counted() -> None:
     lat = t.stats()["latency"]
     for op in OPS:
         assert lat[op]["count"] == 7, op
-    # lookup and lookup_sum both run validate/plan/gather; apply runs validate/plan/update.
+    # lookup and lookup_sum both run validate/gather (lock-free); each round's lookup must
+    # insert the erased id, so it also runs plan/locked_gather (ids one per "bag": no pool);
+    # apply runs validate/plan/update.
+    assert lat["stage.validate"]["count"] == 21
     assert lat["stage.gather"]["count"] == 14
-    assert lat["stage.plan"]["count"] == 21
+    assert lat["stage.locked_gather"]["count"] == 7
+    assert lat["stage.plan"]["count"] == 14
     assert lat["stage.update"]["count"] == 7
-    assert lat["stage.pool"]["count"] == 7  # only lookup_sum with bags of 3 pools
+    assert "stage.pool" not in lat
     for entry in lat.values():
         assert 0 < entry["p50_us"] <= entry["p95_us"] <= entry["p99_us"] <= entry["max_us"]
 

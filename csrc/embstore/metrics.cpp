@@ -100,6 +100,7 @@ const char* timer_name(Timer t) noexcept {
     case Timer::kStageValidate: return "stage.validate";
     case Timer::kStagePlan: return "stage.plan";
     case Timer::kStageGather: return "stage.gather";
+    case Timer::kStageLockedGather: return "stage.locked_gather";
     case Timer::kStagePool: return "stage.pool";
     case Timer::kStageUpdate: return "stage.update";
     case Timer::kCount: break;

@@ -54,10 +54,11 @@ enum class Timer : uint8_t {
   kGroupLookupSum,        // TableGroup.lookup_sum (recorded in every table of the call)
   kGroupApplyGradients,   // TableGroup.apply_gradients
   kStageValidate,  // argument checks (offsets, finite values)
-  kStagePlan,      // grouping ids by shard
-  kStageGather,    // index probe + row copy under the shard locks
-  kStagePool,      // per-bag sums
-  kStageUpdate,    // duplicate sums + fused optimizer, under the shard locks
+  kStagePlan,      // grouping ids by shard (apply; lookups on the locked path)
+  kStageGather,    // lookups: lock-free index probe + row read + per-bag sums
+  kStageLockedGather,  // lookups that insert (or raced): rows copied under the shard locks
+  kStagePool,      // ... and their per-bag sums
+  kStageUpdate,    // apply: duplicate sums + fused optimizer, under the shard locks
   kCount
 };
 const char* timer_name(Timer t) noexcept;

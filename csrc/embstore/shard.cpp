@@ -32,7 +32,7 @@ void Shard::link(uint64_t id, uint64_t hash, uint32_t row, uint32_t step) noexce
   RowMeta& m = meta(row);
   m.id = id;
   m.aux = kNoRow;
-  m.last_step = step;
+  __atomic_store_n(&m.last_step, step, __ATOMIC_RELAXED);
   occupied_.set(row);
   dirty_.set(row);
   reference(row);

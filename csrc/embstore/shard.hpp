@@ -4,9 +4,16 @@
 // rows, an open-addressing index (linear probing) from id to row, the CLOCK ring over its
 // rows, a free list of erased rows, and its counters.
 //
-// Thread safety: every method except the counter readers requires the caller to hold
-// `mutex()`. The table takes each shard's lock once per batch. Row pointers obtained under
-// the lock are valid only while it is held (the row may be evicted and reused after).
+// Thread safety: every method except the counter readers, the `*_optimistic` readers and the
+// reference-bit / last-step accessors requires the caller to hold `mutex()`. The table takes
+// each shard's lock once per batch for writes. Row pointers obtained under the lock are valid
+// only while it is held (the row may be evicted and reused after).
+//
+// Optimistic reads (a seqlock): every change of the index, the rows or their weights happens
+// inside a WriteScope, which makes the shard's version odd for its duration. A lock-free
+// reader notes an even version, probes the index and copies the row, then checks that the
+// version did not move; if it did (or was odd), it retries under the lock. So lookups take no
+// lock at all unless they race with a writer of the same shard, or must insert.
 //
 // Layout choices:
 //  - Slot = {id, row + 1} packed in 12 bytes; row + 1 == 0 marks an empty slot, so every
@@ -21,7 +28,8 @@
 //    accumulator while an apply batch holds the lock (a non-empty aux pins the row).
 //  - `last_step` is the table step (Table::set_step) at which the row was last looked up or
 //    updated; it is written only once a step has been set, so tables that never use steps
-//    pay no extra cache miss per id.
+//    pay no extra cache miss per id. Lock-free readers write it, so it (like the reference
+//    bits) is accessed with relaxed atomic operations.
 #pragma once
 
 #include <atomic>   // std::atomic
@@ -36,6 +44,22 @@
 namespace embstore {
 
 constexpr uint32_t kNoRow = 0xFFFFFFFFu;
+constexpr uint32_t kRetry = 0xFFFFFFFEu;  // an optimistic probe must be redone under the lock
+
+// Optimistic readers race with writers by design (the seqlock validates what they read);
+// ThreadSanitizer must not instrument those reads (nor see them as memcpy calls, which it
+// intercepts: GCC turns copy loops into memcpy unless told not to).
+#if defined(__SANITIZE_THREAD__)
+#define EMBSTORE_NO_SANITIZE_THREAD \
+  __attribute__((no_sanitize("thread"), optimize("no-tree-loop-distribute-patterns")))
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMBSTORE_NO_SANITIZE_THREAD __attribute__((no_sanitize("thread")))
+#endif
+#endif
+#ifndef EMBSTORE_NO_SANITIZE_THREAD
+#define EMBSTORE_NO_SANITIZE_THREAD
+#endif
 
 #pragma pack(push, 4)
 struct Slot {
@@ -66,7 +90,29 @@ struct ShardCounters {
   }
 };
 
-// One bit per row, zero-initialised.
+// One bit per row, updated with relaxed atomic operations: lock-free readers set bits while
+// the CLOCK sweep (under the lock) clears them. A set bit is only read, never rewritten.
+class AtomicBitmap {
+ public:
+  explicit AtomicBitmap(size_t bits) : words_((bits + 63) / 64) {}
+  void set(uint32_t i) noexcept {
+    uint64_t* w = words_.get() + i / 64;
+    const uint64_t bit = uint64_t{1} << (i % 64);
+    if (!(__atomic_load_n(w, __ATOMIC_RELAXED) & bit)) __atomic_fetch_or(w, bit, __ATOMIC_RELAXED);
+  }
+  void clear(uint32_t i) noexcept {
+    __atomic_fetch_and(words_.get() + i / 64, ~(uint64_t{1} << (i % 64)), __ATOMIC_RELAXED);
+  }
+  bool test(uint32_t i) const noexcept {
+    return (__atomic_load_n(words_.get() + i / 64, __ATOMIC_RELAXED) >> (i % 64)) & 1;
+  }
+  size_t bytes() const noexcept { return words_.size() * sizeof(uint64_t); }
+
+ private:
+  ZeroedBuffer<uint64_t> words_;
+};
+
+// One bit per row, zero-initialised; only touched under the shard lock.
 class Bitmap {
  public:
   explicit Bitmap(size_t bits) : words_((bits + 63) / 64) {}
@@ -86,6 +132,44 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota);
 
   std::mutex& mutex() noexcept { return mutex_; }
+
+  // Makes the version odd while a locked section changes the index or rows (see above).
+  class WriteScope {
+   public:
+    explicit WriteScope(Shard& sh) noexcept : sh_(sh) {
+      const uint64_t v = sh_.version_.load(std::memory_order_relaxed);
+      sh_.version_.store(v + 1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_release);
+    }
+    ~WriteScope() {
+      sh_.version_.store(sh_.version_.load(std::memory_order_relaxed) + 1,
+                         std::memory_order_release);
+    }
+    WriteScope(const WriteScope&) = delete;
+    WriteScope& operator=(const WriteScope&) = delete;
+
+   private:
+    Shard& sh_;
+  };
+  // Seqlock reader side: read_begin() before, read_valid(v) after the optimistic reads.
+  uint64_t read_begin() const noexcept { return version_.load(std::memory_order_acquire); }
+  bool read_valid(uint64_t v) const noexcept {
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return (v & 1) == 0 && version_.load(std::memory_order_relaxed) == v;
+  }
+  // Lock-free probe (may race with a writer: the caller validates with read_valid). Returns
+  // the row, kNoRow when absent, or kRetry when the index looked inconsistent.
+  EMBSTORE_NO_SANITIZE_THREAD uint32_t find_optimistic(uint64_t id, uint64_t hash) const noexcept {
+    const Slot* slots = slots_.get();
+    uint32_t pos = home(hash);
+    for (uint32_t steps = 0; steps < num_slots_; ++steps) {
+      const uint32_t rp1 = slots[pos].row_plus1;
+      if (rp1 == 0) return kNoRow;
+      if (slots[pos].id == id) return rp1 - 1 < num_rows_ ? rp1 - 1 : kRetry;
+      pos = next(pos);
+    }
+    return kRetry;
+  }
   // Takes the shard lock, counting (and timing) the acquisitions that have to wait: the
   // uncontended path is one try_lock and reads no clock.
   std::unique_lock<std::mutex> lock() {
@@ -111,6 +195,14 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // CLOCK reference bit of a row: set by every lookup and update of it.
   void reference(uint32_t row) noexcept { ref_bits_.set(row); }
   bool referenced(uint32_t row) const noexcept { return ref_bits_.test(row); }
+  // The row's last step (relaxed atomics: lock-free readers record it too).
+  void touch(uint32_t row, uint32_t step) noexcept {
+    uint32_t* p = &meta_.get()[row].last_step;
+    if (__atomic_load_n(p, __ATOMIC_RELAXED) != step) __atomic_store_n(p, step, __ATOMIC_RELAXED);
+  }
+  uint32_t last_step(uint32_t row) const noexcept {
+    return __atomic_load_n(&meta_.get()[row].last_step, __ATOMIC_RELAXED);
+  }
   // Whether the row holds an id (free and never-claimed rows do not).
   bool occupied(uint32_t row) const noexcept { return occupied_.test(row); }
   // Dirty bit: the row changed since the last checkpoint (set on insert and update).
@@ -176,6 +268,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   void release_row(uint32_t row) noexcept;  // after unlinking: clear bits, push free list
 
   std::mutex mutex_;
+  std::atomic<uint64_t> version_{0};  // odd while a WriteScope is open
   uint32_t first_row_;
   uint32_t num_rows_;
   uint32_t quota_;
@@ -185,7 +278,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   uint32_t free_head_ = kNoRow;
   ZeroedBuffer<Slot> slots_;
   ZeroedBuffer<RowMeta> meta_;
-  Bitmap ref_bits_;
+  AtomicBitmap ref_bits_;
   Bitmap occupied_;
   Bitmap dirty_;
 };

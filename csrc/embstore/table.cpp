@@ -6,6 +6,7 @@
 #include <cmath>      // std::isfinite, std::sqrt, std::ceil
 #include <cstring>    // std::memcpy, std::memset
 #include <numeric>    // std::iota
+#include <optional>   // std::optional
 
 #include <pthread.h>  // pthread_atfork
 #include <stdexcept>  // std::invalid_argument
@@ -22,12 +23,13 @@ namespace {
 
 constexpr size_t kMaxShards = 4096;       // shard ids are kept in uint16 scratch
 constexpr size_t kIdsPerWorker = 2048;    // below this a helper thread costs more than it saves
-constexpr size_t kBagsPerPoolTask = 256;  // pooling task size: ~32-256 KiB of output
+constexpr size_t kIdsPerReadTask = 4096;  // optimistic lookup task size (whole bags)
+constexpr size_t kBagsPerPoolTask = 256;  // locked path's pooling task: ~32-256 KiB of output
 // Pipeline distances (ids ahead): index slots 16 ahead, rows 8 ahead — enough misses in
 // flight to cover DRAM latency without evicting prefetched lines before use.
-constexpr uint32_t kSlotAhead = 16;
-constexpr uint32_t kRowAhead = 8;
-constexpr uint32_t kRing = 16;  // > kRowAhead: resolved rows awaiting their copy
+constexpr uint32_t kSlotAhead = 32;
+constexpr uint32_t kRowAhead = 16;
+constexpr uint32_t kRing = 32;  // > kRowAhead: probed ids awaiting their read
 
 bool is_power_of_two(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
@@ -215,6 +217,174 @@ struct BatchRunner {
     for (size_t i = 0; i < n; ++i) ws.order[ws.cursor[ws.shard_ids[i]]++] = static_cast<uint32_t>(i);
   }
 
+  static void add_counters(Shard& sh, uint64_t hits, uint64_t misses, uint64_t inserts,
+                           uint64_t evictions, uint64_t rejected) {
+    ShardCounters::add(sh.counters.hits, hits);
+    ShardCounters::add(sh.counters.misses, misses);
+    ShardCounters::add(sh.counters.inserts, inserts);
+    ShardCounters::add(sh.counters.evictions, evictions);
+    ShardCounters::add(sh.counters.rejected, rejected);
+  }
+
+  // out = 0 + w * src (first id of a bag) or out = out + w * src, in the spec's float order
+  // (docs/semantics.md: s = 0; s = s + w_i * row_i; the leading 0 + is not a no-op for -0).
+  // Unweighted sums skip the multiply (w * x == x exactly for w == 1). Reads rows without the
+  // lock: the caller validates the shard version afterwards.
+  template <size_t kDim>
+  EMBSTORE_NO_SANITIZE_THREAD static void accumulate_row(float* __restrict out,
+                                                         const float* __restrict src,
+                                                         const float* weight, bool first,
+                                                         size_t dim_runtime) noexcept {
+    const size_t dim = kDim != 0 ? kDim : dim_runtime;
+    if (weight == nullptr) {
+      if (first) {
+        for (size_t k = 0; k < dim; ++k) out[k] = 0.0f + src[k];
+      } else {
+        for (size_t k = 0; k < dim; ++k) out[k] = out[k] + src[k];
+      }
+    } else {
+      const float w = *weight;
+      if (first) {
+        for (size_t k = 0; k < dim; ++k) out[k] = 0.0f + w * src[k];
+      } else {
+        for (size_t k = 0; k < dim; ++k) out[k] = out[k] + w * src[k];
+      }
+    }
+  }
+
+  template <size_t kDim>
+  EMBSTORE_NO_SANITIZE_THREAD static void copy_row(float* __restrict out,
+                                                   const float* __restrict src,
+                                                   size_t dim_runtime) noexcept {
+    const size_t dim = kDim != 0 ? kDim : dim_runtime;
+    for (size_t k = 0; k < dim; ++k) out[k] = src[k];
+  }
+
+  // What one optimistic read task saw: the rows it read (shard << 32 | row), committed (CLOCK
+  // reference bit, last step) only when its whole request completed without the lock.
+  struct ReadTask {
+    std::vector<uint64_t> touched;
+    uint64_t misses = 0;
+  };
+
+  static void read_bags(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
+                        std::atomic<bool>& abort, ReadTask& task) {
+    switch (t.dim()) {  // common widths get fully unrolled kernels
+      case 16: return read_bags_impl<16>(t, r, bag_lo, bag_hi, abort, task);
+      case 32: return read_bags_impl<32>(t, r, bag_lo, bag_hi, abort, task);
+      case 64: return read_bags_impl<64>(t, r, bag_lo, bag_hi, abort, task);
+      case 128: return read_bags_impl<128>(t, r, bag_lo, bag_hi, abort, task);
+      default: return read_bags_impl<0>(t, r, bag_lo, bag_hi, abort, task);
+    }
+  }
+
+  // Optimistic pooled lookup of bags [bag_lo, bag_hi) of one request, summed straight into
+  // r.out in bag order (no gather buffer, no lock); `lookup` (offsets == nullptr) copies rows.
+  //
+  // A software pipeline prefetches the index slot of id j+32, probes id j+16 (noting its
+  // shard's seqlock version) and prefetches its row, and adds id j's row to its bag, then
+  // checks that the version did not move. Anything this pass cannot finish alone - an id to
+  // insert, a probe that raced with a writer - sets `abort`: the caller then runs the whole
+  // request again on the locked path (gather_shard), which inserts in a deterministic order.
+  // Each bag is summed by one thread in id order, so results do not depend on thread count.
+  template <size_t kDim>
+  static void read_bags_impl(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
+                             std::atomic<bool>& abort, ReadTask& task) {
+    const size_t dim = kDim != 0 ? kDim : t.dim();
+    const auto bag_begin = [&](size_t b) {
+      return r.offsets == nullptr ? b : static_cast<size_t>(r.offsets[b]);
+    };
+    const size_t lo = bag_begin(bag_lo), hi = bag_begin(bag_hi);
+    thread_local std::vector<float> zeros;
+    if (zeros.size() < dim) zeros.assign(dim, 0.0f);
+    struct Probe {
+      uint64_t version;
+      uint32_t shard;
+      uint32_t row;  // kNoRow: absent; kRetry: raced with a writer
+    };
+    Probe ring[kRing];
+    task.touched.clear();
+    task.misses = 0;
+    const auto probe = [&](size_t j) {
+      const uint64_t id = r.keys[j];
+      const uint64_t hash = mix64(id);
+      Probe& p = ring[j % kRing];
+      p.shard = static_cast<uint32_t>(t.shard_of(hash));
+      const Shard& sh = *t.shards_[p.shard];
+      p.version = sh.read_begin();
+      p.row = (p.version & 1) ? kRetry : sh.find_optimistic(id, hash);
+      if (p.row < kRetry) prefetch_lines(t.row_ptr(sh, p.row), dim * sizeof(float));
+    };
+    for (size_t j = lo; j < std::min(hi, lo + kSlotAhead); ++j) {
+      const uint64_t hash = mix64(r.keys[j]);
+      t.shards_[t.shard_of(hash)]->prefetch(hash);
+    }
+    for (size_t j = lo; j < std::min(hi, lo + kRowAhead); ++j) probe(j);
+    size_t bag = bag_lo;
+    for (size_t j = lo; j < hi; ++j) {
+      if (j + kSlotAhead < hi) {
+        const uint64_t hash = mix64(r.keys[j + kSlotAhead]);
+        t.shards_[t.shard_of(hash)]->prefetch(hash);
+      }
+      if (j + kRowAhead < hi) probe(j + kRowAhead);
+      const Probe& p = ring[j % kRing];
+      if (p.row == kRetry || (p.row == kNoRow && r.insert) ||
+          ((j & 255) == 0 && abort.load(std::memory_order_relaxed))) {
+        abort.store(true, std::memory_order_relaxed);
+        return;
+      }
+      if (r.offsets != nullptr) {
+        while (bag_begin(bag + 1) <= j) {  // empty bags before j's bag read zeros
+          std::memset(r.out + bag * dim, 0, dim * sizeof(float));
+          ++bag;
+        }
+      }
+      const Shard& sh = *t.shards_[p.shard];
+      const float* src = p.row == kNoRow ? zeros.data() : t.row_ptr(sh, p.row);
+      if (r.offsets == nullptr) {
+        copy_row<kDim>(r.out + j * dim, src, dim);
+      } else {
+        accumulate_row<kDim>(r.out + bag * dim, src, r.weights ? r.weights + j : nullptr,
+                             j == bag_begin(bag), dim);
+        if (j + 1 == bag_begin(bag + 1)) {
+          if (r.mode == PoolMode::kMean) {
+            float* out = r.out + bag * dim;
+            const float count = static_cast<float>(j + 1 - bag_begin(bag));
+            for (size_t k = 0; k < dim; ++k) out[k] = out[k] / count;
+          }
+          ++bag;
+        }
+      }
+      if (!sh.read_valid(p.version)) {
+        abort.store(true, std::memory_order_relaxed);
+        return;
+      }
+      if (p.row == kNoRow) {
+        ++task.misses;
+      } else {
+        task.touched.push_back(uint64_t{p.shard} << 32 | p.row);
+      }
+    }
+    if (r.offsets != nullptr) {
+      for (; bag < bag_hi; ++bag) std::memset(r.out + bag * dim, 0, dim * sizeof(float));
+    }
+  }
+
+  // Records a completed optimistic task: reference bits, last steps and hit/miss counts.
+  static void commit_reads(Table& t, const ReadTask& task) {
+    const bool track = t.track_steps_.load(std::memory_order_relaxed);
+    const uint32_t step = t.step();
+    for (const uint64_t packed : task.touched) {
+      Shard& sh = *t.shards_[packed >> 32];
+      const auto row = static_cast<uint32_t>(packed);
+      sh.reference(row);
+      if (track) sh.touch(row, step);
+    }
+    t.read_hits_.fetch_add(task.touched.size(), std::memory_order_relaxed);
+    t.read_misses_.fetch_add(task.misses, std::memory_order_relaxed);
+  }
+
+
   // Copies the rows of shard s's ids to dst[i] (scaled by weights[i] when given), inserting
   // missing ids when `insert`; misses read zeros otherwise.
   //
@@ -256,6 +426,8 @@ struct BatchRunner {
       }
     };
     const auto lock = sh.lock();
+    std::optional<Shard::WriteScope> writing;  // inserts change the shard
+    if (insert) writing.emplace(sh);
     for (uint32_t j = b; j < e; ++j) {
       if (j + kSlotAhead < e) sh.prefetch(mix64(keys[ws.order[j + kSlotAhead]]));
       const uint64_t id = keys[ws.order[j]];
@@ -264,7 +436,7 @@ struct BatchRunner {
       if (row != kNoRow) {
         ++hits;
         sh.reference(row);
-        if (track) sh.meta(row).last_step = step;
+        if (track) sh.touch(row, step);
       } else {
         ++misses;
         if (insert && sketch != nullptr && sketch->add(hash) < min_count) {
@@ -287,14 +459,6 @@ struct BatchRunner {
     add_counters(sh, hits, misses, inserts, evictions, rejected);
   }
 
-  static void add_counters(Shard& sh, uint64_t hits, uint64_t misses, uint64_t inserts,
-                           uint64_t evictions, uint64_t rejected) {
-    ShardCounters::add(sh.counters.hits, hits);
-    ShardCounters::add(sh.counters.misses, misses);
-    ShardCounters::add(sh.counters.inserts, inserts);
-    ShardCounters::add(sh.counters.evictions, evictions);
-    ShardCounters::add(sh.counters.rejected, rejected);
-  }
 
   // out[b] = rows[offsets[b]] (+ ...) in order, optionally weighted; mean divides by count.
   static void pool_bags(const LookupSumRequest& r, size_t dim, const float* rows, size_t bag_lo,
@@ -330,6 +494,7 @@ struct BatchRunner {
       }
     }
   }
+
 
   // Sums shard s's per-id gradients per distinct row (in order), then applies one optimizer
   // update per row. Rows of this batch are pinned (aux) so inserts cannot evict them.
@@ -395,6 +560,7 @@ struct BatchRunner {
     };
     auto finish = [&](uint32_t q) { accumulate(pending[q % kRing], ring[q % kRing]); };
     const auto lock = sh.lock();
+    const Shard::WriteScope writing(sh);
     struct Unpin {  // runs on success and on CapacityError alike
       Shard& sh;
       const uint32_t* rows;
@@ -454,7 +620,7 @@ struct BatchRunner {
       apply_update(opt, lr, t.row_ptr(sh, row), acc_base + static_cast<size_t>(k) * dim, dim);
       sh.reference(row);
       sh.mark_dirty(row);
-      if (track) sh.meta(row).last_step = step;  // its line is cached: the pin wrote aux
+      if (track) sh.touch(row, step);  // its line is cached: the pin wrote aux
     }
     add_counters(sh, 0, 0, inserts, evictions, rejected);
   }
@@ -665,6 +831,8 @@ TableStats Table::stats() const {
   st.num_shards = shards_.size();
   st.row_stride = arena_.stride();
   size_t meta_and_index = 0;
+  st.hits = read_hits_.load(std::memory_order_relaxed);
+  st.misses = read_misses_.load(std::memory_order_relaxed);
   for (const auto& sh : shards_) {
     st.hits += sh->counters.hits.load(std::memory_order_relaxed);
     st.misses += sh->counters.misses.load(std::memory_order_relaxed);
@@ -735,6 +903,7 @@ size_t Table::erase(const uint64_t* keys, size_t n) {
     Shard& sh = *shards_[s];
     size_t count = 0;
     const auto lock = sh.lock();
+    const Shard::WriteScope writing(sh);
     size_t returned = 0;
     for (uint32_t j = ws.shard_begin[s]; j < ws.shard_begin[s + 1]; ++j) {
       const uint64_t id = keys[ws.order[j]];
@@ -759,9 +928,10 @@ size_t Table::evict_older_than(uint64_t step, bool with_state, RemovedRows& out)
   for (size_t s = 0; s < shards_.size(); ++s) {
     Shard& sh = *shards_[s];
     const auto lock = sh.lock();
+    const Shard::WriteScope writing(sh);
     size_t returned = 0, count = 0;
     for (uint32_t row = 0; row < sh.claimed_rows(); ++row) {
-      if (!sh.occupied(row) || sh.meta(row).last_step >= step) continue;
+      if (!sh.occupied(row) || sh.last_step(row) >= step) continue;
       const float* values = row_ptr(sh, row);
       out.ids.push_back(sh.meta(row).id);
       out.rows.insert(out.rows.end(), values, values + width);
@@ -828,23 +998,64 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
   const size_t workers = choose_workers(total_ids, max_threads);
   ThreadPool& pool = ThreadPool::global();
   clock.lap(Timer::kStageValidate);
-  // 2. Group each request's ids by shard; size the gather buffers of pooled requests.
-  pool.run(R, workers, [&](size_t k) {
+
+  // 2. Optimistic pass: tasks of ~kIdsPerReadTask ids (whole bags) read rows without locks
+  //    and pool them in bag order. A request that needs an insert or races with a writer is
+  //    aborted and redone on the locked path below.
+  std::vector<size_t> bags_per_task(R);
+  TaskSpace tasks;
+  for (size_t k = 0; k < R; ++k) {
+    const LookupSumRequest& r = requests[k];
+    const size_t count = std::max<size_t>(1, (r.n + kIdsPerReadTask - 1) / kIdsPerReadTask);
+    bags_per_task[k] = std::max<size_t>(1, (r.num_bags + count - 1) / count);
+    tasks.add(r.num_bags == 0 ? 0 : (r.num_bags + bags_per_task[k] - 1) / bags_per_task[k]);
+  }
+  thread_local std::vector<BatchRunner::ReadTask> read_tasks;  // reused: no allocation warm
+  if (read_tasks.size() < tasks.total()) read_tasks.resize(tasks.total());
+  std::unique_ptr<std::atomic<bool>[]> aborted(new std::atomic<bool>[R]);
+  for (size_t k = 0; k < R; ++k) aborted[k].store(false, std::memory_order_relaxed);
+  std::vector<BatchRunner::ReadTask>& reads = read_tasks;
+  pool.run(tasks.total(), workers, [&](size_t task) {
+    const size_t k = tasks.request_of(task);
+    const LookupSumRequest& r = requests[k];
+    if (aborted[k].load(std::memory_order_relaxed)) return;
+    const size_t bag_lo = (task - tasks.begin[k]) * bags_per_task[k];
+    BatchRunner::read_bags(*r.table, r, bag_lo, std::min(r.num_bags, bag_lo + bags_per_task[k]),
+                           aborted[k], reads[task]);
+  });
+  pool.run(tasks.total(), workers, [&](size_t task) {  // commit what completed
+    const size_t k = tasks.request_of(task);
+    if (!aborted[k].load(std::memory_order_relaxed)) {
+      BatchRunner::commit_reads(*requests[k].table, reads[task]);
+    }
+  });
+  clock.lap(Timer::kStageGather);
+
+  // 3. Locked path for aborted requests: group ids by shard, copy rows under each shard's
+  //    lock in id order (inserting missing ids), then pool the gathered rows in bag order.
+  std::vector<size_t> locked;
+  for (size_t k = 0; k < R; ++k) {
+    if (aborted[k].load(std::memory_order_relaxed)) locked.push_back(k);
+  }
+  if (locked.empty()) {
+    clock.record(requests, op);
+    return;
+  }
+  pool.run(locked.size(), workers, [&](size_t q) {
+    const size_t k = locked[q];
     const LookupSumRequest& r = requests[k];
     BatchRunner::plan(*r.table, r.keys, r.n, *spaces[k]);
     if (!spaces[k]->one_hot) spaces[k]->rows.resize(r.n * r.table->dim());
   });
   clock.lap(Timer::kStagePlan);
-  // 3. One task per (request, shard): copy rows under the shard lock. One-hot requests
-  //    write straight into the output; others into the gather buffer.
   TaskSpace shard_tasks;
-  for (const LookupSumRequest& r : requests) shard_tasks.add(r.table->num_shards());
+  for (const size_t k : locked) shard_tasks.add(requests[k].table->num_shards());
   const size_t rot = rotation();
   pool.run(shard_tasks.total(), workers, [&](size_t task) {
-    const size_t k = shard_tasks.request_of(task);
-    const LookupSumRequest& r = requests[k];
-    Workspace& ws = *spaces[k];
-    const size_t s = (task - shard_tasks.begin[k] + rot) % r.table->num_shards();
+    const size_t q = shard_tasks.request_of(task);
+    const LookupSumRequest& r = requests[locked[q]];
+    Workspace& ws = *spaces[locked[q]];
+    const size_t s = (task - shard_tasks.begin[q] + rot) % r.table->num_shards();
     if (ws.one_hot) {
       BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, r.weights,
                                 r.offsets != nullptr, r.out);
@@ -853,18 +1064,17 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
                                 ws.rows.data());
     }
   });
-  clock.lap(Timer::kStageGather);
-  // 4. Pool bags in order (no locks: the gathered rows are this call's own copy).
+  clock.lap(Timer::kStageLockedGather);
   TaskSpace pool_tasks;
-  for (size_t k = 0; k < R; ++k) {
+  for (const size_t k : locked) {
     pool_tasks.add(spaces[k]->one_hot ? 0 : (requests[k].num_bags + kBagsPerPoolTask - 1) /
                                                 kBagsPerPoolTask);
   }
   pool.run(pool_tasks.total(), workers, [&](size_t task) {
-    const size_t k = pool_tasks.request_of(task);
-    const LookupSumRequest& r = requests[k];
-    const size_t lo = (task - pool_tasks.begin[k]) * kBagsPerPoolTask;
-    BatchRunner::pool_bags(r, r.table->dim(), spaces[k]->rows.data(), lo,
+    const size_t q = pool_tasks.request_of(task);
+    const LookupSumRequest& r = requests[locked[q]];
+    const size_t lo = (task - pool_tasks.begin[q]) * kBagsPerPoolTask;
+    BatchRunner::pool_bags(r, r.table->dim(), spaces[locked[q]]->rows.data(), lo,
                            std::min(r.num_bags, lo + kBagsPerPoolTask));
   });
   if (pool_tasks.total() != 0) clock.lap(Timer::kStagePool);

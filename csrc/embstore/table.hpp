@@ -175,7 +175,11 @@ class Table {
   std::vector<CountMinSketch> sketches_;
   std::vector<RemovedRows> staged_rows_;
   std::atomic<size_t> staged_{0};
-  TimerSet timers_;
+  // Hits and misses of lock-free reads, added once per read task (the locked paths count
+  // per shard).
+  alignas(64) std::atomic<uint64_t> read_hits_{0};
+  std::atomic<uint64_t> read_misses_{0};
+  alignas(64) TimerSet timers_;
 };
 
 }  // namespace embstore
