@@ -198,6 +198,14 @@ def test_progress_bar_only_on_a_terminal() -> None:
         assert stream.getvalue() == ""
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="has torch")
+def test_dnn_without_torch_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*TINY, "--model", "dnn"])
+    assert exc.value.code == 2
+    assert "--model dnn needs torch" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None, reason="has matplotlib")
 def test_plot_without_matplotlib_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:

@@ -119,11 +119,12 @@ def _version(tensor: torch.Tensor) -> int:
 def _grad_array(grad: torch.Tensor) -> npt.NDArray[np.float32]:
     """A pooled gradient as C-contiguous float32 on the CPU, with at most one copy."""
     grad = grad.detach()
-    if grad.dtype == torch.float32 and grad.device.type == "cpu" and grad.is_contiguous():
-        return grad.numpy()
-    dense = torch.empty(tuple(grad.shape), dtype=torch.float32)
-    dense.copy_(grad)  # one pass: device, dtype and layout together
-    return dense.numpy()
+    if not (grad.dtype == torch.float32 and grad.device.type == "cpu" and grad.is_contiguous()):
+        dense = torch.empty(tuple(grad.shape), dtype=torch.float32)
+        dense.copy_(grad)  # one pass: device, dtype and layout together
+        grad = dense
+    array: npt.NDArray[np.float32] = grad.numpy()
+    return array
 
 
 class _LookupApply(torch.autograd.Function):

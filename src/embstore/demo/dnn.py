@@ -86,9 +86,11 @@ class DeepFM:
         self.optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss)  # dense grads, and the store's fused Adagrad (one group call)
         self.optimizer.step()
-        return torch.sigmoid(logits.detach()).numpy()
+        probabilities: npt.NDArray[np.float32] = torch.sigmoid(logits.detach()).numpy()
+        return probabilities
 
     def predict(self, batch: Batch) -> npt.NDArray[np.float32]:
         self.net.eval()
         with torch.no_grad():  # read-only: nothing inserted or written
-            return torch.sigmoid(self.net(batch)).numpy()
+            probabilities: npt.NDArray[np.float32] = torch.sigmoid(self.net(batch)).numpy()
+        return probabilities
