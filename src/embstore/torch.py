@@ -94,7 +94,9 @@ class _Pending:
             )
             raise RuntimeError(msg)
         self.applied = True  # before applying: never twice, even after a failed apply
-        for tensor, version in zip(self.tensors, self.versions):
+        inputs, tensors = self.inputs, self.tensors
+        self.inputs, self.tensors = {}, []  # release the batch (a retained graph keeps us)
+        for tensor, version in zip(tensors, self.versions):
             if _version(tensor) != version:
                 msg = (
                     "embstore: a keys/offsets/weights tensor of this forward was modified in "
@@ -105,7 +107,7 @@ class _Pending:
         for name, grad in zip(self.names, grads):
             if grad is None:  # no loss depends on this output: no update at all
                 continue
-            feature = self.inputs[name]
+            feature = inputs[name]
             entries[name] = (feature[0], feature[1], _grad_array(grad), *feature[2:])
         if entries:
             self.group.apply_gradients(entries, mode=self.mode)
@@ -139,7 +141,8 @@ class _LookupApply(torch.autograd.Function):
         del anchor
         ctx.set_materialize_grads(False)
         ctx.pending = pending
-        return tuple(torch.from_numpy(out) for out in pending.outs)  # shares memory
+        outs, pending.outs = pending.outs, []
+        return tuple(torch.from_numpy(out) for out in outs)  # shares memory
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[None, None]:
