@@ -43,3 +43,21 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     """A numpy Generator seeded from the test's node id (stable across runs)."""
     seed = sum(ord(c) * (i + 1) for i, c in enumerate(request.node.nodeid)) % 2**32
     return np.random.default_rng(seed)
+
+
+def shared_data_dir() -> Path:
+    """The real CTR samples: ``$EMBSTORE_DATA_DIR``, else ``../shared/data`` next to the repo
+    (see its README; they are never copied into the repository)."""
+    env = os.environ.get("EMBSTORE_DATA_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """``shared_data_dir()``; the test is skipped, saying why, when it is absent."""
+    path = shared_data_dir()
+    if not path.is_dir():
+        pytest.skip(f"real CTR data not found at {path} (set EMBSTORE_DATA_DIR)")
+    return path

@@ -1,7 +1,7 @@
 """Command line of embstore: ``python -m embstore <command> [flags]``.
 
 Commands are looked up in :data:`COMMANDS`; each one receives the remaining arguments and
-returns an exit status. Add a command by adding an entry (a ``demo`` command will come).
+returns an exit status. Add a command by adding an entry.
 """
 
 from __future__ import annotations
@@ -26,12 +26,24 @@ def _bench(argv: Sequence[str]) -> int:
     return bench.main(argv)
 
 
-#: name -> Command. ``demo`` goes here when it exists.
+def _demo(argv: Sequence[str]) -> int:
+    from embstore import demo  # imported here: ``--help`` must not load the core
+
+    return demo.main(argv)
+
+
+#: name -> Command.
 COMMANDS: dict[str, Command] = {
     "bench": Command(
         "run WORKLOADS.md W1 for embstore and its peers (numpy, torch, pandas), verified "
         "against numpy, and print a markdown table (quick by default, --full for W1 size)",
         _bench,
+    ),
+    "demo": Command(
+        "train a CTR model (factorization machine, or DeepFM with torch) whose sparse "
+        "features go through embstore tables, on synthetic data or a Criteo/libFM file; "
+        "logs AUC, logloss, examples/s and lookup/apply latency, then the test AUC",
+        _demo,
     ),
 }
 
