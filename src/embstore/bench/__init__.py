@@ -24,7 +24,8 @@ Modules (one responsibility each):
 - :mod:`~embstore.bench.workload`: ids, placement, Zipf batches, gradients;
 - :mod:`~embstore.bench.reference`: the numpy reference (pooled sum, Adagrad step);
 - :mod:`~embstore.bench.peers`: the :class:`Peer` interface and the registry;
-- ``peer_embstore``, ``peer_dense`` (numpy, pandas), ``peer_torch``: the peers;
+- ``peer_embstore``, ``peer_dense`` (numpy, pandas), ``peer_torch``, ``peer_fbgemm``:
+  the peers;
 - :mod:`~embstore.bench.verify`: checks of each peer against the reference;
 - :mod:`~embstore.bench.env`: machine facts and other processes' CPU time;
 - :mod:`~embstore.bench.runner`: the run itself (:func:`run`, :class:`BenchConfig`);
@@ -44,6 +45,7 @@ from embstore.bench.peer_embstore import (
     probe_memory,
     warm_table,
 )
+from embstore.bench.peer_fbgemm import FBGEMM_INSTALL, FbgemmTbePeer
 from embstore.bench.peer_torch import TorchEmbeddingBagPeer, apply_omp_wait_policy
 from embstore.bench.peers import PEERS, Peer, register_peer
 from embstore.bench.reference import VerificationError, reference_adagrad, reference_pool
@@ -66,12 +68,14 @@ from embstore.bench.workload import (
 
 __all__ = [
     "EPS",
+    "FBGEMM_INSTALL",
     "LR",
     "PEERS",
     "ZIPF_ALPHA",
     "Batch",
     "BenchConfig",
     "EmbstorePeer",
+    "FbgemmTbePeer",
     "NumpyDensePeer",
     "PandasIndexPeer",
     "Peer",

@@ -95,8 +95,9 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
     p.add_argument(
         "--omp-wait-policy",
         choices=("torch-default", "active", "passive"),
-        help="OMP_WAIT_POLICY for torch's workers (default: leave it to torch; 'passive' "
-        "keeps torch's 2-thread figures sane when other processes load the machine)",
+        help="OMP_WAIT_POLICY for torch's (and FBGEMM's) workers (default: leave it to "
+        "torch; 'passive' keeps their 2-thread figures sane when other processes load the "
+        "machine)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     return p

@@ -119,6 +119,7 @@ def environment() -> dict[str, Any]:
         "numpy": np.__version__,
         "torch": _version("torch"),
         "pandas": _version("pandas"),
+        "fbgemm": _version("fbgemm-gpu-cpu"),
         "embstore": _version("embstore"),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }

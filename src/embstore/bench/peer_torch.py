@@ -12,9 +12,23 @@ from embstore.bench.peers import Peer, register_peer
 from embstore.bench.workload import EPS, LR, Batch, F32Array, TableData
 
 
-def _import_torch() -> Any:
+def import_torch() -> Any:
     """Import torch (lazily: it is an optional peer)."""
     return importlib.import_module("torch")
+
+
+def set_torch_threads(torch: Any, threads: int | None) -> int:
+    """Set torch's intra-op thread count (its OpenMP pool too) unless ``threads`` is None.
+
+    Returns
+    -------
+    int
+        The count before the call, for the peer's ``close`` to restore.
+    """
+    saved = int(torch.get_num_threads())
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return saved
 
 
 def apply_omp_wait_policy(policy: str) -> str:
@@ -59,20 +73,18 @@ class TorchEmbeddingBagPeer(Peer):
     @classmethod
     def unavailable(cls) -> str | None:
         try:
-            _import_torch()
+            import_torch()
         except ImportError:
             return "skipped: torch not installed"
         return None
 
     def setup(self, tables: Sequence[TableData], dim: int) -> None:
-        torch = _import_torch()
+        torch = import_torch()
         self._torch = torch
         # The default (no checks) made explicit, which also silences the warning
         # torch.optim.Adagrad would print on its first sparse step.
         torch.sparse.check_sparse_tensor_invariants.disable()
-        self._saved_threads = int(torch.get_num_threads())
-        if self.threads is not None:
-            torch.set_num_threads(self.threads)
+        self._saved_threads = set_torch_threads(torch, self.threads)
         for tab in tables:
             w = torch.from_numpy(tab.initial_rows(dim, seed=0))
             self._weights.append(torch.nn.Parameter(w))

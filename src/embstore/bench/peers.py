@@ -13,8 +13,9 @@ class Peer:
     """A store under test. Subclass, then decorate with :func:`register_peer`.
 
     Life cycle: ``Peer(threads)``, :meth:`setup` (build and warm ``T`` tables of ``D``
-    columns), then any number of :meth:`forward` / :meth:`backward` pairs, then
-    :meth:`close`. :meth:`read_rows` is used only by the verification, never timed.
+    columns), then for each workload (one per ``L``) :meth:`prepare` and any number of
+    :meth:`forward` / :meth:`backward` pairs, then :meth:`close`. :meth:`read_rows` is
+    used only by the verification; neither it nor :meth:`prepare` is ever timed.
 
     Class attributes
     ----------------
@@ -46,6 +47,15 @@ class Peer:
         """Build the tables and insert all ``U`` ids of each, in placement order."""
         raise NotImplementedError
 
+    def prepare(self, batches: Sequence[Batch], grads: Sequence[F32Array]) -> None:
+        """Convert a workload's batches and gradients to the peer's own input format.
+
+        Called before the workload is verified and timed, so that a peer whose API takes
+        another layout (FBGEMM's concatenated table-major indices) does not pay for the
+        conversion in the timed region. A peer must still accept a batch it was not given
+        here (converting it on the fly). The default does nothing.
+        """
+
     def forward(self, batch: Batch) -> Sequence[Any]:
         """Pooled sums: one ``[B, D]`` float32 array (or tensor) per table."""
         raise NotImplementedError
@@ -75,20 +85,21 @@ PEERS: dict[str, type[Peer]] = {}
 def register_peer(cls: PeerT) -> PeerT:
     """Class decorator adding a :class:`Peer` subclass to :data:`PEERS` under ``cls.name``.
 
-    Example (a later FBGEMM TBE peer)::
+    Example (see ``peer_fbgemm.py`` for a complete one)::
 
         @register_peer
-        class FbgemmTbePeer(Peer):
-            name = "fbgemm"
-            label = "FBGEMM CPU TBE, EXACT_ADAGRAD, dense"
-            threaded = False
+        class MyStorePeer(Peer):
+            name = "mystore"
+            label = "MyStore, hashed"
+            threaded = True
+            hashed = True
 
             @classmethod
             def unavailable(cls):
                 try:
-                    importlib.import_module("fbgemm_gpu")
+                    importlib.import_module("mystore")
                 except ImportError:
-                    return "skipped: fbgemm_gpu not installed"
+                    return "skipped: mystore not installed (pip install mystore)"
                 return None
             ...
     """

@@ -90,7 +90,8 @@ def format_report(report: dict[str, Any]) -> str:
         (
             f"- CPU {env['cpu']}, {env['cores']} cores ({env['cores_usable']} usable), "
             f"Python {env['python']}, numpy {env['numpy']}, torch {env['torch']} "
-            f"(OMP_WAIT_POLICY={env.get('omp_wait_policy')}), pandas {env['pandas']}"
+            f"(OMP_WAIT_POLICY={env.get('omp_wait_policy')}), fbgemm-gpu-cpu "
+            f"{env.get('fbgemm', 'n/a')}, pandas {env['pandas']}"
         ),
         (
             f"- T={cfg['num_tables']} tables, U={cfg['universe']:,} ids each (all inserted "
@@ -120,12 +121,12 @@ def format_report(report: dict[str, Any]) -> str:
             "average during this run: figures are noisy, 2-thread figures most of all."
         )
         if "PASSIVE" not in str(env.get("omp_wait_policy")) and any(
-            r["peer"] == "torch" and (r["threads"] or 1) > 1 for r in report["results"]
+            r["peer"] in ("torch", "fbgemm") and (r["threads"] or 1) > 1 for r in report["results"]
         ):
             out.append(
-                "  torch's multi-threaded rows are unreliable under contention (its OpenMP "
-                "workers wait actively); rerun on a quiet machine, or with "
-                "--omp-wait-policy passive (slower for torch on a quiet machine)."
+                "  torch's and FBGEMM's multi-threaded rows are unreliable under contention "
+                "(their OpenMP workers wait actively); rerun on a quiet machine, or with "
+                "--omp-wait-policy passive (slower for them on a quiet machine)."
             )
     for name, why in report["skipped"].items():
         out.append(f"- {name}: {why}")

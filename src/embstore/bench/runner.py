@@ -86,7 +86,7 @@ class BenchConfig:
     threads: tuple[int, ...] = (1, 2)
     batches: int = 30
     warmup: int = 5
-    peers: tuple[str, ...] = ("embstore", "numpy", "torch", "pandas")
+    peers: tuple[str, ...] = ("embstore", "numpy", "torch", "fbgemm", "pandas")
     seed: int = 0
     json_path: str | None = None
     progress: bool = True
@@ -201,6 +201,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                     extras.append(info)
                     for lp, wl in workloads.items():
                         prog.stage(f"{where} L={lp}: verifying")
+                        peer.prepare(wl.batches, wl.grads)
                         if isinstance(peer, EmbstorePeer):
                             res = verify_embstore(peer, wl, wl.batches[0], threads)
                         else:
