@@ -99,6 +99,18 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
         "torch; 'passive' keeps their 2-thread figures sane when other processes load the "
         "machine)",
     )
+    p.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="do not measure memory rates nor report the traffic floor",
+    )
+    p.add_argument(
+        "--floor-mib",
+        type=_positive_int,
+        metavar="MIB",
+        help="size of the array the floor's memory rates are measured on "
+        f"(default {quick.floor_array_mib}; keep it >> the last-level cache)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     return p
 
@@ -119,11 +131,13 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "seed": args.seed,
         "json_path": args.json,
         "omp_wait_policy": args.omp_wait_policy,
+        "floor_array_mib": args.floor_mib,
     }
     for k, v in overrides.items():
         if v is not None:
             setattr(cfg, k, v)
     cfg.progress = not args.no_progress
+    cfg.floor = not args.no_floor
     if cfg.warmup < 0:
         msg = "--warmup must be >= 0"
         raise ValueError(msg)

@@ -61,6 +61,28 @@ def _version(dist: str) -> str:
     return "not installed"
 
 
+def resident_bytes() -> int | None:
+    """Resident set size of this process, from /proc (``None`` where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_resident_bytes() -> int | None:
+    """Peak resident set size of this process so far (``VmHWM``; ``None`` where unknown)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def settle_allocator() -> None:
     """Let glibc's malloc reach its steady state before anything is timed.
 

@@ -14,19 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from embstore.bench.env import resident_bytes
 from embstore.bench.peers import Peer, register_peer
 from embstore.bench.workload import EPS, LR, Batch, F32Array, TableData, U64Array, make_tables
-
-
-def _resident_bytes() -> int | None:
-    """Resident set size of this process, from /proc (``None`` where unavailable)."""
-    try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pages * os.sysconf("SC_PAGE_SIZE")
-
 
 #: Ids inserted per warm-up call (bounds the temporary output buffer).
 WARM_CHUNK = 1 << 16
@@ -81,13 +71,13 @@ def memory_probe(num_tables: int, universe: int, dim: int, threads: int | None) 
     """
     tables = make_tables(num_tables, universe)
     gc.collect()
-    rss0 = _resident_bytes()
+    rss0 = resident_bytes()
     made = list(embstore_tables(tables, dim, threads=threads, warm=False).values())
-    rss1 = _resident_bytes()
+    rss1 = resident_bytes()
     for t, tab in zip(made, tables):
         warm_table(t, tab.warm_ids, dim)
     gc.collect()
-    rss2 = _resident_bytes()
+    rss2 = resident_bytes()
     rows = sum(len(t) for t in made)
     out: dict[str, Any] = {
         "rows": rows,

@@ -9,7 +9,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from embstore.bench.env import cpu_clock, environment, loadavg, others_cores, settle_allocator
+from embstore.bench.env import (
+    cpu_clock,
+    environment,
+    loadavg,
+    others_cores,
+    peak_resident_bytes,
+    resident_bytes,
+    settle_allocator,
+)
+from embstore.bench.floor import floor_cases, measure_bandwidth, row_sizes, step_traffic
 from embstore.bench.peer_embstore import EmbstorePeer, probe_memory
 from embstore.bench.peer_torch import apply_omp_wait_policy
 from embstore.bench.peers import PEERS, Peer
@@ -91,6 +100,10 @@ class BenchConfig:
     json_path: str | None = None
     progress: bool = True
     omp_wait_policy: str = "torch-default"
+    #: Measure memory rates and report the traffic floor (embstore.bench.floor).
+    floor: bool = True
+    #: Size of the array the floor's rates are measured on, MiB (>> last-level cache).
+    floor_array_mib: int = 1024
 
     @classmethod
     def full(cls) -> BenchConfig:
@@ -166,6 +179,17 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     memory: list[dict[str, Any]] = []
     load_start = loadavg()
     cpu_start = cpu_clock()
+    rates = []
+    floor: list[dict[str, Any]] = []
+    if cfg.floor:
+        prog.stage(f"traffic floor: measuring memory rates ({cfg.floor_array_mib} MiB array)")
+        rates = measure_bandwidth(
+            row_sizes(cfg.dims),
+            cfg.threads,
+            array_bytes=cfg.floor_array_mib << 20,
+            cpu_clock=cpu_clock,
+            others_cores=others_cores,
+        )
     for dim in cfg.dims:
         if any(cls.name == "embstore" for cls in plan):
             prog.stage(f"embstore D={dim}: measuring memory in a fresh process")
@@ -183,6 +207,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             )
             for lp in cfg.poolings
         }
+        if rates:
+            traffic = [step_traffic(wl.batches[cfg.warmup :], dim) for wl in workloads.values()]
+            floor.extend(floor_cases(traffic, rates))
         for cls in plan:
             for threads in cfg.threads if cls.threaded else (None,):
                 where = f"{cls.name} D={dim} threads={threads if threads else '-'}"
@@ -192,11 +219,13 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                     t_setup = time.perf_counter()
                     peer.setup(tables, dim)
                     info = peer.extra()
+                    rss = resident_bytes()
                     info.update(
                         peer=cls.name,
                         dim=dim,
                         threads=threads,
                         setup_s=time.perf_counter() - t_setup,
+                        rss_mib=None if rss is None else rss / 2**20,
                     )
                     extras.append(info)
                     for lp, wl in workloads.items():
@@ -219,8 +248,10 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                     gc.collect()
         del workloads
     prog.done()
-    rows = _result_rows(cfg, plan, measured)
+    rows = _result_rows(cfg, plan, measured, floor)
     env = environment()
+    peak = peak_resident_bytes()
+    env["peak_rss_mib"] = None if peak is None else round(peak / 2**20)
     env["loadavg_start"], env["loadavg_end"] = load_start, loadavg()
     others = others_cores(cpu_start)
     env["other_processes_cores"] = None if others is None else round(others, 2)
@@ -234,6 +265,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "setup": extras,
         "verification": verification,
         "skipped": skipped,
+        "floor": {"rates": [asdict(r) for r in rates], "cases": floor} if rates else None,
     }
 
 
@@ -241,7 +273,9 @@ def _result_rows(
     cfg: BenchConfig,
     plan: Sequence[type[Peer]],
     measured: dict[tuple[str, int, int, int | None], Timing],
+    floor: Sequence[dict[str, Any]] = (),
 ) -> list[ResultRow]:
+    floor_of = {(c["dim"], c["pooling"], c["threads"]): c["floor_ms"] for c in floor}
     rows = []
     for dim in cfg.dims:
         for lp in cfg.poolings:
@@ -249,6 +283,7 @@ def _result_rows(
                 base = measured.get(("embstore", dim, lp, threads))
                 base_f = median_ms(base.forward) if base else None
                 base_s = median_ms(base.step) if base else None
+                fl = floor_of.get((dim, lp, threads))
                 for cls in plan:
                     key_thr = threads if cls.threaded else None
                     tm = measured.get((cls.name, dim, lp, key_thr))
@@ -276,6 +311,8 @@ def _result_rows(
                             others_cores=tm.others_cores,
                             forward_ms_all=[x * 1e3 for x in tm.forward],
                             backward_ms_all=[x * 1e3 for x in tm.backward],
+                            floor_ms=fl,
+                            floor_ratio=s / fl if fl and cls.name == "embstore" else None,
                         )
                     )
     return rows
