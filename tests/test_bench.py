@@ -262,3 +262,45 @@ def test_tiny_run_report_has_summary_targets_and_floor(tiny_report: dict[str, An
     es = [r for r in tiny_report["results"] if r["peer"] == "embstore"]
     assert len(es) == 4 and all(r["floor_ms"] > 0 and r["floor_ratio"] > 0 for r in es)
     assert all(r["floor_ratio"] is None for r in tiny_report["results"] if r["peer"] != "embstore")
+
+
+def test_report_from_json_prints_the_same(tiny_report: dict[str, Any], tmp_path: Any) -> None:
+    import json
+
+    from embstore.bench import format_report
+    from embstore.bench.cli import load_report
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(tiny_report, default=str))
+    assert format_report(load_report(path)) == format_report(tiny_report)
+    (tmp_path / "bad.json").write_text('{"results": []}')
+    with pytest.raises(ValueError, match="not a bench report"):
+        load_report(tmp_path / "bad.json")
+
+
+def test_plot_writes_a_png(tiny_report: dict[str, Any], tmp_path: Any) -> None:
+    pytest.importorskip("matplotlib")
+    from embstore.bench.plot import plot_report
+
+    out = plot_report(tiny_report, tmp_path / "w1.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_fails_before_running(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from embstore.bench import cli
+    from embstore.bench.plot import PlotUnavailable
+
+    def missing() -> Any:
+        raise PlotUnavailable("--plot needs matplotlib (No module named 'matplotlib')")
+
+    def no_run(cfg: Any) -> Any:
+        raise AssertionError("ran the bench")
+
+    monkeypatch.setattr(cli, "require_matplotlib", missing)
+    monkeypatch.setattr(cli, "run", no_run)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--plot", "x.png"])
+    assert exc.value.code == 2
+    assert "needs matplotlib" in capsys.readouterr().err

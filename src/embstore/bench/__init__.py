@@ -29,6 +29,7 @@ Modules (one responsibility each):
 - :mod:`~embstore.bench.verify`: checks of each peer against the reference;
 - :mod:`~embstore.bench.floor`: memory rates and the traffic floor of the step;
 - :mod:`~embstore.bench.targets`: issue 3's targets, evaluated on a run;
+- :mod:`~embstore.bench.plot`: the ``--plot`` PNG;
 - :mod:`~embstore.bench.env`: machine facts and other processes' CPU time;
 - :mod:`~embstore.bench.runner`: the run itself (:func:`run`, :class:`BenchConfig`);
 - :mod:`~embstore.bench.report`: result rows and the markdown report;

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from embstore.bench.peers import PEERS
+from embstore.bench.plot import PlotUnavailable, plot_report, require_matplotlib
 from embstore.bench.reference import VerificationError
 from embstore.bench.report import format_report
 from embstore.bench.runner import BenchConfig, run
@@ -111,6 +112,17 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
         help="size of the array the floor's memory rates are measured on "
         f"(default {quick.floor_array_mib}; keep it >> the last-level cache)",
     )
+    p.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="also draw a PNG: step throughput by peer and embstore against threads "
+        "(needs matplotlib)",
+    )
+    p.add_argument(
+        "--from-json",
+        metavar="PATH",
+        help="do not run: print the report (and --plot) of a run saved with --json",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     return p
 
@@ -159,13 +171,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    try:
-        report = run(cfg)
-    except VerificationError as exc:
-        print(f"verification failed: {exc}", file=sys.stderr)
-        return 1
+    if args.plot:
+        try:  # before a long run, not after it
+            require_matplotlib()
+        except PlotUnavailable as exc:
+            parser.error(str(exc))
+    if args.from_json:
+        try:
+            report = load_report(args.from_json)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--from-json {args.from_json}: {exc}")
+    else:
+        try:
+            report = run(cfg)
+        except VerificationError as exc:
+            print(f"verification failed: {exc}", file=sys.stderr)
+            return 1
     print(format_report(report))
-    if cfg.json_path:
+    if cfg.json_path and not args.from_json:
         Path(cfg.json_path).write_text(json.dumps(report, indent=2, default=str) + "\n")
         print(f"\nJSON report written to {cfg.json_path}")
+    if args.plot:
+        plot_report(report, args.plot)
+        print(f"\nplot written to {args.plot}")
     return 0
+
+
+def load_report(path: str | Path) -> dict[str, Any]:
+    """A report saved with ``--json``.
+
+    Raises
+    ------
+    ValueError
+        If the file is not such a report.
+    """
+    report = json.loads(Path(path).read_text())
+    if not isinstance(report, dict):
+        msg = "not a bench report (not a JSON object)"
+        raise ValueError(msg)  # noqa: TRY004 - a bad file, reported like the others
+    missing = [k for k in ("environment", "config", "results", "table") if k not in report]
+    if missing:
+        msg = f"not a bench report (missing {', '.join(missing)})"
+        raise ValueError(msg)
+    report.setdefault("memory", [])
+    report.setdefault("setup", [])
+    report.setdefault("verification", [])
+    report.setdefault("skipped", {})
+    return report
