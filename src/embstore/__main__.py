@@ -29,7 +29,7 @@ def _bench(argv: Sequence[str]) -> int:
 #: name -> Command. ``demo`` goes here when it exists.
 COMMANDS: dict[str, Command] = {
     "bench": Command(
-        "run WORKLOADS.md W1 for embstore and its peers (numpy, torch, pandas), verified "
+        "run WORKLOADS.md W1 for embstore and its peers (numpy, torch, FBGEMM, pandas), verified "
         "against numpy, and print a markdown table (quick by default, --full for W1 size)",
         _bench,
     ),
