@@ -1,0 +1,220 @@
+"""Command line of ``python -m embstore bench``: flags -> :class:`BenchConfig` -> report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from embstore.bench.peers import PEERS
+from embstore.bench.plot import PlotUnavailable, plot_report, require_matplotlib
+from embstore.bench.reference import VerificationError
+from embstore.bench.report import format_report
+from embstore.bench.runner import BenchConfig, run
+from embstore.bench.workload import placement
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        msg = f"expected comma-separated integers, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not vals or min(vals) <= 0:
+        msg = f"expected positive integers, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return vals
+
+
+def _positive_int(text: str) -> int:
+    return _int_list(text)[0]
+
+
+def _str_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentParser:
+    """The ``bench`` argument parser."""
+    quick, full = BenchConfig(), BenchConfig.full()
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            "Run WORKLOADS.md W1 (pooled training step on warm tables) for embstore and its "
+            "peers, verify every peer against numpy, and print one markdown table. The "
+            f"default is a quick run (U={quick.universe:,}, {quick.batches} timed batches); "
+            f"--full is the canonical size (U={full.universe:,}, {full.batches} timed batches)."
+        ),
+    )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="canonical W1 sizes (T=8, U=1,000,000, B=2048, D=32, L=1,8, "
+        "threads 1,2, 20 timed batches); other flags override",
+    )
+    p.add_argument("--tables", type=_positive_int, metavar="T", help="tables (default 8)")
+    p.add_argument(
+        "--universe",
+        type=_positive_int,
+        metavar="U",
+        help=f"ids per table, all inserted before timing (default {quick.universe:,})",
+    )
+    p.add_argument("--batch", type=_positive_int, metavar="B", help="examples per batch (2048)")
+    p.add_argument("--dim", type=_int_list, metavar="D[,D...]", help="embedding dims (32)")
+    p.add_argument(
+        "--pooling", type=_int_list, metavar="L[,L...]", help="ids per example per table (1,8)"
+    )
+    p.add_argument(
+        "--threads",
+        type=_int_list,
+        metavar="N[,N...]",
+        help="thread counts of embstore and torch (1,2)",
+    )
+    p.add_argument(
+        "--batches",
+        type=_positive_int,
+        metavar="N",
+        help=f"timed batches per case (default {quick.batches}, --full {full.batches})",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        metavar="N",
+        help=f"untimed steps before timing (default {quick.warmup})",
+    )
+    p.add_argument(
+        "--peers",
+        type=_str_list,
+        metavar="NAME[,NAME...]",
+        help=f"peers to run, from: {', '.join(PEERS)} (default: all)",
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the full report as JSON")
+    p.add_argument("--seed", type=int, help="seed of the key stream and gradients (0)")
+    p.add_argument(
+        "--omp-wait-policy",
+        choices=("torch-default", "active", "passive"),
+        help="OMP_WAIT_POLICY for torch's (and FBGEMM's) workers (default: leave it to "
+        "torch; 'passive' keeps their 2-thread figures sane when other processes load the "
+        "machine)",
+    )
+    p.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="do not measure memory rates nor report the traffic floor",
+    )
+    p.add_argument(
+        "--floor-mib",
+        type=_positive_int,
+        metavar="MIB",
+        help="size of the array the floor's memory rates are measured on "
+        f"(default {quick.floor_array_mib}; keep it >> the last-level cache)",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="also draw a PNG: step throughput by peer and embstore against threads "
+        "(needs matplotlib)",
+    )
+    p.add_argument(
+        "--from-json",
+        metavar="PATH",
+        help="do not run: print the report (and --plot) of a run saved with --json",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """A :class:`BenchConfig` from parsed flags (``--full`` first, then explicit flags)."""
+    cfg = BenchConfig.full() if args.full else BenchConfig()
+    overrides: dict[str, Any] = {
+        "num_tables": args.tables,
+        "universe": args.universe,
+        "batch_size": args.batch,
+        "dims": args.dim,
+        "poolings": args.pooling,
+        "threads": args.threads,
+        "batches": args.batches,
+        "warmup": args.warmup,
+        "peers": args.peers,
+        "seed": args.seed,
+        "json_path": args.json,
+        "omp_wait_policy": args.omp_wait_policy,
+        "floor_array_mib": args.floor_mib,
+    }
+    for k, v in overrides.items():
+        if v is not None:
+            setattr(cfg, k, v)
+    cfg.progress = not args.no_progress
+    cfg.floor = not args.no_floor
+    if cfg.warmup < 0:
+        msg = "--warmup must be >= 0"
+        raise ValueError(msg)
+    placement(cfg.universe)  # fail early on a universe that breaks the placement order
+    return cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m embstore bench`` and ``bench/run.py``.
+
+    Returns
+    -------
+    int
+        0 on success, 1 if a peer failed verification, 2 on bad arguments.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.plot:
+        try:  # before a long run, not after it
+            require_matplotlib()
+        except PlotUnavailable as exc:
+            parser.error(str(exc))
+    if args.from_json:
+        try:
+            report = load_report(args.from_json)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--from-json {args.from_json}: {exc}")
+    else:
+        try:
+            report = run(cfg)
+        except VerificationError as exc:
+            print(f"verification failed: {exc}", file=sys.stderr)
+            return 1
+    print(format_report(report))
+    if cfg.json_path and not args.from_json:
+        Path(cfg.json_path).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"\nJSON report written to {cfg.json_path}")
+    if args.plot:
+        plot_report(report, args.plot)
+        print(f"\nplot written to {args.plot}")
+    return 0
+
+
+def load_report(path: str | Path) -> dict[str, Any]:
+    """A report saved with ``--json``.
+
+    Raises
+    ------
+    ValueError
+        If the file is not such a report.
+    """
+    report = json.loads(Path(path).read_text())
+    if not isinstance(report, dict):
+        msg = "not a bench report (not a JSON object)"
+        raise ValueError(msg)  # noqa: TRY004 - a bad file, reported like the others
+    missing = [k for k in ("environment", "config", "results", "table") if k not in report]
+    if missing:
+        msg = f"not a bench report (missing {', '.join(missing)})"
+        raise ValueError(msg)
+    report.setdefault("memory", [])
+    report.setdefault("setup", [])
+    report.setdefault("verification", [])
+    report.setdefault("skipped", {})
+    return report

@@ -1,0 +1,318 @@
+"""The run: build, verify, warm up and time every peer on every ``(D, L, threads)`` case."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from embstore.bench.env import (
+    cpu_clock,
+    environment,
+    loadavg,
+    others_cores,
+    peak_resident_bytes,
+    resident_bytes,
+    settle_allocator,
+)
+from embstore.bench.floor import floor_cases, measure_bandwidth, row_sizes, step_traffic
+from embstore.bench.peer_embstore import EmbstorePeer, probe_memory
+from embstore.bench.peer_torch import apply_omp_wait_policy
+from embstore.bench.peers import PEERS, Peer
+from embstore.bench.report import ResultRow, format_table, median_ms
+from embstore.bench.verify import verify_embstore, verify_peer
+from embstore.bench.workload import Workload, make_tables, make_workload
+
+
+@dataclass
+class Timing:
+    """Per-batch wall times (seconds) of one peer on one ``(D, L, threads)`` case."""
+
+    forward: list[float] = field(default_factory=list)
+    backward: list[float] = field(default_factory=list)
+    #: Cores other processes used, on average, while the batches were timed.
+    others_cores: float | None = None
+
+    @property
+    def step(self) -> list[float]:
+        """Forward plus backward of the same batch."""
+        return [f + b for f, b in zip(self.forward, self.backward)]
+
+
+def time_peer(
+    peer: Peer,
+    wl: Workload,
+    warmup: int,
+    progress: Callable[[str], None] | None = None,
+) -> Timing:
+    """Run ``warmup`` untimed steps, then time every remaining batch of the workload.
+
+    The garbage collector is off inside the timed region. Forward and backward of one
+    batch are timed separately with ``time.perf_counter``; nothing else runs in between.
+    """
+    for i, batch in enumerate(wl.batches[:warmup]):
+        if progress:
+            progress(f"(warm-up {i + 1}/{warmup})")
+        peer.forward(batch)
+        peer.backward(batch, wl.grads)
+    timed = wl.batches[warmup:]
+    timing = Timing()
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    clock = time.perf_counter
+    cpu0 = cpu_clock()
+    try:
+        for i, batch in enumerate(timed):
+            if progress:
+                progress(f"{i + 1}/{len(timed)}")
+            t0 = clock()
+            peer.forward(batch)
+            t1 = clock()
+            peer.backward(batch, wl.grads)
+            t2 = clock()
+            timing.forward.append(t1 - t0)
+            timing.backward.append(t2 - t1)
+    finally:
+        if was_enabled:
+            gc.enable()
+    timing.others_cores = others_cores(cpu0)
+    return timing
+
+
+@dataclass
+class BenchConfig:
+    """Sizes of a run. The defaults are the quick run (about a minute on 2 cores)."""
+
+    num_tables: int = 8
+    universe: int = 100_000
+    batch_size: int = 2048
+    dims: tuple[int, ...] = (32,)
+    poolings: tuple[int, ...] = (1, 8)
+    threads: tuple[int, ...] = (1, 2)
+    batches: int = 30
+    warmup: int = 5
+    peers: tuple[str, ...] = ("embstore", "numpy", "torch", "fbgemm", "pandas")
+    seed: int = 0
+    json_path: str | None = None
+    progress: bool = True
+    omp_wait_policy: str = "torch-default"
+    #: Measure memory rates and report the traffic floor (embstore.bench.floor).
+    floor: bool = True
+    #: Size of the array the floor's rates are measured on, MiB (>> last-level cache).
+    floor_array_mib: int = 1024
+
+    @classmethod
+    def full(cls) -> BenchConfig:
+        """WORKLOADS.md W1 at full size: T=8, U=1e6, B=2048, D=32, L 1 and 8."""
+        return cls(universe=1_000_000, batches=20, warmup=5)
+
+
+class _Progress:
+    """One self-overwriting status line on stderr (plain lines when not a terminal)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+        self.prefix = ""
+        self._width = 0
+
+    def stage(self, prefix: str) -> None:
+        self.prefix = prefix
+        if self.enabled and not self.tty:
+            print(f"[{time.perf_counter() - self.t0:6.1f}s] {prefix}", file=sys.stderr)
+        self.update("")
+
+    def update(self, msg: str) -> None:
+        if not (self.enabled and self.tty):
+            return
+        line = f"[{time.perf_counter() - self.t0:6.1f}s] {self.prefix} {msg}".rstrip()
+        pad = max(0, self._width - len(line))
+        self._width = len(line)
+        sys.stderr.write("\r" + line + " " * pad)
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled and self.tty and self._width:
+            sys.stderr.write("\r" + " " * self._width + "\r")
+            sys.stderr.flush()
+            self._width = 0
+
+
+def _peer_plan(names: Sequence[str]) -> tuple[list[type[Peer]], dict[str, str]]:
+    plan, skipped = [], {}
+    for name in names:
+        cls = PEERS.get(name)
+        if cls is None:
+            skipped[name] = f"skipped: unknown peer (known: {', '.join(PEERS)})"
+            continue
+        why = cls.unavailable()
+        if why is not None:
+            skipped[name] = why
+            continue
+        plan.append(cls)
+    return plan, skipped
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+    """Run the comparison described by ``cfg`` and return the report as a dict.
+
+    Loop order: for each ``D``, each peer and each thread count (once for peers that are
+    not threaded), the peer's tables are built and warmed once; then for each ``L`` the
+    peer is verified on the first batch, warmed up and timed. Only one peer holds its
+    tables at a time.
+    """
+    prog = _Progress(cfg.progress)
+    settle_allocator()
+    omp_policy = apply_omp_wait_policy(cfg.omp_wait_policy)
+    plan, skipped = _peer_plan(cfg.peers)
+    prog.stage(f"generating workload (T={cfg.num_tables}, U={cfg.universe})")
+    tables = make_tables(cfg.num_tables, cfg.universe)
+    n_batches = cfg.warmup + cfg.batches
+    measured: dict[tuple[str, int, int, int | None], Timing] = {}
+    verification: list[dict[str, Any]] = []
+    extras: list[dict[str, Any]] = []
+    memory: list[dict[str, Any]] = []
+    load_start = loadavg()
+    cpu_start = cpu_clock()
+    rates = []
+    floor: list[dict[str, Any]] = []
+    if cfg.floor:
+        prog.stage(f"traffic floor: measuring memory rates ({cfg.floor_array_mib} MiB array)")
+        rates = measure_bandwidth(
+            row_sizes(cfg.dims),
+            cfg.threads,
+            array_bytes=cfg.floor_array_mib << 20,
+            cpu_clock=cpu_clock,
+            others_cores=others_cores,
+        )
+    for dim in cfg.dims:
+        if any(cls.name == "embstore" for cls in plan):
+            prog.stage(f"embstore D={dim}: measuring memory in a fresh process")
+            memory.append(probe_memory(cfg.num_tables, cfg.universe, dim, max(cfg.threads)))
+        workloads = {
+            lp: make_workload(
+                num_tables=cfg.num_tables,
+                universe=cfg.universe,
+                batch_size=cfg.batch_size,
+                pooling=lp,
+                dim=dim,
+                num_batches=n_batches,
+                seed=cfg.seed,
+                tables=tables,
+            )
+            for lp in cfg.poolings
+        }
+        if rates:
+            traffic = [step_traffic(wl.batches[cfg.warmup :], dim) for wl in workloads.values()]
+            floor.extend(floor_cases(traffic, rates))
+        for cls in plan:
+            for threads in cfg.threads if cls.threaded else (None,):
+                where = f"{cls.name} D={dim} threads={threads if threads else '-'}"
+                prog.stage(f"{where}: building and warming {cfg.num_tables} tables")
+                peer = cls(threads)
+                try:
+                    t_setup = time.perf_counter()
+                    peer.setup(tables, dim)
+                    info = peer.extra()
+                    rss = resident_bytes()
+                    info.update(
+                        peer=cls.name,
+                        dim=dim,
+                        threads=threads,
+                        setup_s=time.perf_counter() - t_setup,
+                        rss_mib=None if rss is None else rss / 2**20,
+                    )
+                    extras.append(info)
+                    for lp, wl in workloads.items():
+                        prog.stage(f"{where} L={lp}: verifying")
+                        peer.prepare(wl.batches, wl.grads)
+                        if isinstance(peer, EmbstorePeer):
+                            res = verify_embstore(peer, wl, wl.batches[0], threads)
+                        else:
+                            res = verify_peer(peer, wl.batches[0], wl.grads)
+                        verification.append(
+                            {"peer": cls.name, "dim": dim, "pooling": lp, "threads": threads, **res}
+                        )
+                        prog.stage(f"{where} L={lp}: timing")
+                        measured[(cls.name, dim, lp, threads)] = time_peer(
+                            peer, wl, cfg.warmup, prog.update
+                        )
+                finally:
+                    peer.close()
+                    del peer
+                    gc.collect()
+        del workloads
+    prog.done()
+    rows = _result_rows(cfg, plan, measured, floor)
+    env = environment()
+    peak = peak_resident_bytes()
+    env["peak_rss_mib"] = None if peak is None else round(peak / 2**20)
+    env["loadavg_start"], env["loadavg_end"] = load_start, loadavg()
+    others = others_cores(cpu_start)
+    env["other_processes_cores"] = None if others is None else round(others, 2)
+    env["omp_wait_policy"] = omp_policy
+    return {
+        "environment": env,
+        "config": asdict(cfg),
+        "results": [asdict(r) for r in rows],
+        "table": format_table(rows),
+        "memory": memory,
+        "setup": extras,
+        "verification": verification,
+        "skipped": skipped,
+        "floor": {"rates": [asdict(r) for r in rates], "cases": floor} if rates else None,
+    }
+
+
+def _result_rows(
+    cfg: BenchConfig,
+    plan: Sequence[type[Peer]],
+    measured: dict[tuple[str, int, int, int | None], Timing],
+    floor: Sequence[dict[str, Any]] = (),
+) -> list[ResultRow]:
+    floor_of = {(c["dim"], c["pooling"], c["threads"]): c["floor_ms"] for c in floor}
+    rows = []
+    for dim in cfg.dims:
+        for lp in cfg.poolings:
+            for threads in cfg.threads:
+                base = measured.get(("embstore", dim, lp, threads))
+                base_f = median_ms(base.forward) if base else None
+                base_s = median_ms(base.step) if base else None
+                fl = floor_of.get((dim, lp, threads))
+                for cls in plan:
+                    key_thr = threads if cls.threaded else None
+                    tm = measured.get((cls.name, dim, lp, key_thr))
+                    if tm is None:
+                        continue
+                    f, b, s = median_ms(tm.forward), median_ms(tm.backward), median_ms(tm.step)
+                    n_ids = cfg.num_tables * cfg.batch_size * lp
+                    rows.append(
+                        ResultRow(
+                            peer=cls.name,
+                            label=cls.label,
+                            dim=dim,
+                            pooling=lp,
+                            threads=threads,
+                            measured_threads=key_thr,
+                            forward_ms=f,
+                            backward_ms=b,
+                            step_ms=s,
+                            ids_per_s=n_ids / (s * 1e-3),
+                            examples_per_s=cfg.batch_size / (s * 1e-3),
+                            forward_gb_per_s=n_ids * dim * 4 / (f * 1e-3) / 1e9,
+                            timed_batches=len(tm.forward),
+                            forward_ratio=f / base_f if base_f else None,
+                            step_ratio=s / base_s if base_s else None,
+                            others_cores=tm.others_cores,
+                            forward_ms_all=[x * 1e3 for x in tm.forward],
+                            backward_ms_all=[x * 1e3 for x in tm.backward],
+                            floor_ms=fl,
+                            floor_ratio=s / fl if fl and cls.name == "embstore" else None,
+                        )
+                    )
+    return rows

@@ -1,0 +1,306 @@
+"""Tests of the W1 bench harness itself (embstore.bench): peers agree with the numpy
+reference, the traffic-floor arithmetic, the report's targets and the plot.
+
+Optional peers and tools (torch, FBGEMM, matplotlib) are skipped when not installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from embstore.bench import make_workload
+from embstore.bench.peer_fbgemm import FBGEMM_INSTALL, FbgemmTbePeer, tbe_inputs
+from embstore.bench.verify import verify_peer
+
+
+def _small_workload(pooling: int, dim: int = 16, **kw: Any) -> Any:
+    return make_workload(
+        num_tables=3,
+        universe=2000,
+        batch_size=64,
+        pooling=pooling,
+        dim=dim,
+        num_batches=kw.pop("num_batches", 3),
+        **kw,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# FBGEMM peer
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pooling", [1, 3])
+def test_tbe_inputs_are_table_major(pooling: int) -> None:
+    """TBE input: all tables' rows concatenated; offsets[t * B + b] starts bag b of table t."""
+    wl = _small_workload(pooling)
+    batch = wl.batches[0]
+    indices, offsets = tbe_inputs(batch)
+    b, n = batch.batch_size, batch.batch_size * pooling
+    assert indices.dtype == np.int64 and offsets.dtype == np.int64
+    assert offsets.shape == (len(batch.rows) * b + 1,)
+    assert offsets[0] == 0 and offsets[-1] == indices.shape[0] == len(batch.rows) * n
+    for t, rows in enumerate(batch.rows):
+        for bag in (0, 1, b - 1):
+            lo, hi = offsets[t * b + bag], offsets[t * b + bag + 1]
+            np.testing.assert_array_equal(
+                indices[lo:hi], rows[batch.offsets[bag] : batch.offsets[bag + 1]]
+            )
+
+
+def test_fbgemm_unavailable_names_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without FBGEMM the peer is skipped, and the message says how to install it."""
+    import embstore.bench.peer_fbgemm as mod
+
+    def missing() -> Any:
+        raise ImportError("No module named 'fbgemm_gpu'")
+
+    monkeypatch.setattr(mod, "import_fbgemm", missing)
+    why = FbgemmTbePeer.unavailable()
+    assert why is not None and why.startswith("skipped")
+    assert FBGEMM_INSTALL in why
+
+
+@pytest.mark.parametrize(("pooling", "dim", "threads"), [(1, 16, 1), (4, 16, 2), (8, 128, 1)])
+def test_fbgemm_peer_matches_numpy(pooling: int, dim: int, threads: int) -> None:
+    """FBGEMM's forward and fused EXACT_ADAGRAD step agree with the numpy reference.
+
+    FBGEMM's CPU update is ``acc += g * g; w -= lr * g / (sqrt(acc) + eps)`` (eps outside
+    the square root, as the reference) with ``g`` summed and the step computed in double:
+    within the reference's per-element tolerance (a few ulp), batch after batch (the
+    accumulators carry over, read back from the module).
+    """
+    why = FbgemmTbePeer.unavailable()
+    if why is not None:
+        pytest.skip(why)
+    wl = _small_workload(pooling, dim, num_batches=4)
+    peer = FbgemmTbePeer(threads)
+    peer.setup(wl.tables, dim)
+    try:
+        # Starts from the dense peers' rows, accumulators at 0.
+        w0, acc0 = peer.read_rows(0, wl.batches[0])
+        np.testing.assert_array_equal(
+            w0, wl.tables[0].initial_rows(dim, seed=0)[wl.batches[0].rows[0]]
+        )
+        assert acc0 is not None and not acc0.any()
+        peer.prepare(wl.batches[:2], wl.grads)  # the last batches go unprepared
+        for batch in wl.batches:
+            res = verify_peer(peer, batch, wl.grads)
+            assert res["forward_max_abs_err"] <= 1e-6
+        _, acc = peer.read_rows(0, wl.batches[-1])
+        assert acc is not None and acc.any()
+    finally:
+        peer.close()
+
+
+# --------------------------------------------------------------------------------------
+# Traffic floor
+# --------------------------------------------------------------------------------------
+
+
+def test_row_sizes_and_line_words() -> None:
+    """Rates are measured for index lines, weight rows and whole Adagrad rows, in lines."""
+    from embstore.bench.floor import embstore_row_bytes, line_words, row_sizes
+
+    assert embstore_row_bytes(32) == 256 and embstore_row_bytes(30) == 240
+    assert row_sizes([32, 128]) == [64, 128, 256, 512, 1024]
+    assert row_sizes([30]) == [64, 128, 256]  # 120-byte weights, 240-byte rows: in lines
+    np.testing.assert_array_equal(
+        line_words(np.array([0, 3], dtype=np.int64), 256), [0, 8, 16, 24, 96, 104, 112, 120]
+    )
+
+
+def test_step_traffic_counts_embstore_bytes() -> None:
+    """Per step: 2 index lines + the weights + the whole row (read and written back) per
+    distinct id; ids twice, the pooled outputs and the gradients as streams."""
+    from embstore.bench.floor import step_traffic, unique_ids
+
+    dim = 32
+    wl = _small_workload(4, dim, num_batches=3)
+    tr = step_traffic(wl.batches, dim)
+    u = np.mean([sum(np.unique(k).shape[0] for k in b.keys) for b in wl.batches])
+    assert unique_ids(wl.batches) == pytest.approx(u)
+    n = 3 * 64 * 4
+    assert tr.ids == n and tr.unique_ids == pytest.approx(u) and tr.pooling == 4
+    assert tr.index_bytes == pytest.approx(2 * u * 64)
+    assert tr.forward_bytes == pytest.approx(u * 128)
+    assert tr.update_bytes == pytest.approx(u * 256)
+    assert tr.stream_bytes == 2 * n * 8 + 2 * 3 * 64 * dim * 4
+    assert tr.total_bytes == pytest.approx(
+        tr.index_bytes + tr.forward_bytes + tr.update_bytes + tr.stream_bytes
+    )
+
+
+def test_floor_ms_divides_each_kind_by_its_rate() -> None:
+    from embstore.bench.floor import Rates, Traffic, floor_cases, floor_ms
+
+    tr = Traffic(
+        dim=32,
+        pooling=8,
+        unique_ids=1000.0,
+        ids=4000,
+        index_bytes=2e6,
+        forward_bytes=3e6,
+        update_bytes=4e6,
+        stream_bytes=10e6,
+    )
+    rates = Rates(
+        threads=1,
+        stream_gb_s=10.0,
+        gather_gb_s={64: 2.0, 128: 3.0, 256: 100.0},
+        update_gb_s={64: 100.0, 128: 100.0, 256: 4.0},
+    )
+    # 2e6/2e9 + 3e6/3e9 + 4e6/4e9 + 10e6/10e9 s = 4 ms
+    assert floor_ms(tr, rates) == pytest.approx(4.0)
+    assert np.isnan(floor_ms(tr, Rates(1, 10.0, {64: 2.0}, {})))  # a rate is missing
+    (case,) = floor_cases([tr], [rates])
+    assert case["floor_ms"] == pytest.approx(4.0) and case["total_mb"] == pytest.approx(19.0)
+    assert (case["dim"], case["pooling"], case["threads"]) == (32, 8, 1)
+
+
+def test_measure_bandwidth_reports_every_size_and_thread_count() -> None:
+    from embstore.bench.floor import measure_bandwidth
+
+    rates = measure_bandwidth([64, 256], [1, 2], array_bytes=8 << 20, sample_bytes=1 << 20, reps=2)
+    assert [r.threads for r in rates] == [1, 2]
+    for r in rates:
+        assert r.stream_gb_s > 0
+        assert sorted(r.gather_gb_s) == [64, 256] and min(r.gather_gb_s.values()) > 0
+        assert sorted(r.update_gb_s) == [64, 256] and min(r.update_gb_s.values()) > 0
+    with pytest.raises(ValueError, match="multiple of 64"):
+        measure_bandwidth([96], [1], array_bytes=1 << 20, sample_bytes=1 << 16, reps=1)
+
+
+# --------------------------------------------------------------------------------------
+# Targets
+# --------------------------------------------------------------------------------------
+
+
+def _row(peer: str, dim: int, lp: int, t: int, fwd: float, step: float, **kw: Any) -> Any:
+    return {
+        "peer": peer,
+        "dim": dim,
+        "pooling": lp,
+        "threads": t,
+        "forward_ms": fwd,
+        "step_ms": step,
+        "others_cores": kw.pop("others", 0.0),
+        **kw,
+    }
+
+
+def test_targets_verdicts() -> None:
+    from embstore.bench.targets import evaluate
+
+    results = [
+        _row("embstore", 32, 1, 1, 1.0, 2.0, floor_ms=1.5),
+        _row("embstore", 32, 1, 2, 0.8, 1.0, floor_ms=1.0),
+        _row("embstore", 32, 8, 1, 8.0, 20.0, floor_ms=5.0),
+        _row("embstore", 32, 8, 2, 4.0, 10.0, floor_ms=5.0, others=0.5),
+        _row("fbgemm", 32, 1, 1, 1.0, 5.0),
+        _row("fbgemm", 32, 1, 2, 1.0, 2.5),
+        _row("fbgemm", 32, 8, 1, 4.0, 50.0),
+        _row("fbgemm", 32, 8, 2, 4.0, 30.0),
+        _row("torch", 32, 1, 1, 0.7, 9.0),
+        _row("torch", 32, 1, 2, 0.6, 9.0),
+        _row("torch", 32, 8, 1, 7.0, 50.0),
+        _row("torch", 32, 8, 2, 3.0, 50.0),
+    ]
+    got = {(v.key, v.pooling): v for v in evaluate(results, [32], [1, 8], [1, 2])}
+    # FBGEMM / embstore step: L=1 2.5, 2.5 -> PASS; L=8 2.5, 3.0 -> PASS
+    assert got[("fbgemm", 1)].values == {1: 2.5, 2: 2.5} and got[("fbgemm", 1)].status == "PASS"
+    assert got[("fbgemm", 8)].status == "PASS"
+    assert got[("fbgemm", 8)].others_cores == 0.5  # the noisiest row it reads
+    # step / floor: L=1 1.33, 1.0 -> PASS; L=8 4.0, 2.0 -> MISS
+    assert got[("floor", 1)].status == "PASS" and got[("floor", 8)].status == "MISS"
+    # no pandas rows: n/a, no value
+    assert got[("pandas", 1)].status == "n/a" and got[("pandas", 1)].values == {1: None, 2: None}
+    # embstore fwd / torch fwd: L=1 threshold 1.5 (1.43, 1.33 PASS); L=8 1.25 (1.14, 1.33 MISS)
+    assert got[("torch_fwd", 1)].threshold == 1.5 and got[("torch_fwd", 1)].status == "PASS"
+    assert got[("torch_fwd", 8)].threshold == 1.25 and got[("torch_fwd", 8)].status == "MISS"
+    # scaling: only L > 1, only N > 1 threads: 20 / 10 = 2.0 -> PASS
+    assert ("scaling", 1) not in got
+    assert got[("scaling", 8)].values == {1: None, 2: 2.0} and got[("scaling", 8)].status == "PASS"
+
+
+# --------------------------------------------------------------------------------------
+# A whole (tiny) run: report, JSON round trip, plot
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_report() -> dict[str, Any]:
+    from embstore.bench import BenchConfig, run
+
+    cfg = BenchConfig(
+        num_tables=2,
+        universe=2000,
+        batch_size=32,
+        dims=(8,),
+        poolings=(1, 2),
+        threads=(1, 2),
+        batches=2,
+        warmup=1,
+        peers=("embstore", "numpy", "nosuchpeer"),
+        progress=False,
+        floor_array_mib=8,
+    )
+    return run(cfg)
+
+
+def test_tiny_run_report_has_summary_targets_and_floor(tiny_report: dict[str, Any]) -> None:
+    from embstore.bench import format_report
+
+    text = format_report(tiny_report)
+    assert "### Summary" in text and "### Targets" in text and "### All measurements" in text
+    assert "embstore step / traffic floor" in text
+    assert "nosuchpeer: skipped: unknown peer" in text
+    assert "traffic floor D=8 L=2" in text
+    es = [r for r in tiny_report["results"] if r["peer"] == "embstore"]
+    assert len(es) == 4 and all(r["floor_ms"] > 0 and r["floor_ratio"] > 0 for r in es)
+    assert all(r["floor_ratio"] is None for r in tiny_report["results"] if r["peer"] != "embstore")
+
+
+def test_report_from_json_prints_the_same(tiny_report: dict[str, Any], tmp_path: Any) -> None:
+    import json
+
+    from embstore.bench import format_report
+    from embstore.bench.cli import load_report
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(tiny_report, default=str))
+    assert format_report(load_report(path)) == format_report(tiny_report)
+    (tmp_path / "bad.json").write_text('{"results": []}')
+    with pytest.raises(ValueError, match="not a bench report"):
+        load_report(tmp_path / "bad.json")
+
+
+def test_plot_writes_a_png(tiny_report: dict[str, Any], tmp_path: Any) -> None:
+    pytest.importorskip("matplotlib")
+    from embstore.bench.plot import plot_report
+
+    out = plot_report(tiny_report, tmp_path / "w1.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_fails_before_running(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from embstore.bench import cli
+    from embstore.bench.plot import PlotUnavailable
+
+    def missing() -> Any:
+        raise PlotUnavailable("--plot needs matplotlib (No module named 'matplotlib')")
+
+    def no_run(cfg: Any) -> Any:
+        raise AssertionError("ran the bench")
+
+    monkeypatch.setattr(cli, "require_matplotlib", missing)
+    monkeypatch.setattr(cli, "run", no_run)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--plot", "x.png"])
+    assert exc.value.code == 2
+    assert "needs matplotlib" in capsys.readouterr().err
