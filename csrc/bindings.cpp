@@ -123,6 +123,30 @@ py::dict summary_dict(const embstore::LatencySummary& l) {
   return e;
 }
 
+// Every timer of a table at one moment (opaque to Python: handed back to latency_between).
+struct TimerSnapshot {
+  std::vector<embstore::HistogramSnapshot> timers;
+};
+
+TimerSnapshot take_snapshot(const Table& t) {
+  TimerSnapshot snap;
+  for (const auto& h : t.timers()) snap.timers.push_back(h.snapshot());
+  return snap;
+}
+
+// name -> summary of what each timer recorded between two snapshots (names with none left out).
+py::dict latency_between(const TimerSnapshot& before, const TimerSnapshot& now) {
+  py::dict latency;
+  const embstore::HistogramSnapshot empty;
+  for (size_t k = 0; k < now.timers.size(); ++k) {
+    const embstore::LatencySummary l = embstore::LatencyHistogram::summarize(
+        k < before.timers.size() ? before.timers[k] : empty, now.timers[k]);
+    if (l.count == 0) continue;
+    latency[embstore::timer_name(static_cast<embstore::Timer>(k))] = summary_dict(l);
+  }
+  return latency;
+}
+
 py::dict stats_dict(const Table& t) {
   const embstore::TableStats s = t.stats();
   py::dict d;
@@ -175,6 +199,9 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "embstore C++ core (private: use the embstore package)";
   py::register_exception<embstore::CapacityError>(m, "CapacityError", PyExc_RuntimeError);
 
+  py::class_<TimerSnapshot>(m, "TimerSnapshot").def(py::init<>());  // empty: before anything
+  m.def("latency_between", &latency_between, py::arg("before"), py::arg("now"));
+
   py::class_<Table, std::shared_ptr<Table>>(m, "Table")
       .def(py::init(&make_table), py::arg("dim"), py::arg("capacity"), py::arg("num_shards"),
            py::arg("num_threads"), py::arg("eviction"), py::arg("optimizer"), py::arg("lr"),
@@ -217,6 +244,7 @@ PYBIND11_MODULE(_core, m) {
       .def("set_lr", &Table::set_lr, py::arg("lr"))
       .def("stats", &stats_dict)
       .def("reset_timers", &Table::reset_timers)
+      .def("timer_snapshot", &take_snapshot)
       .def(
           "lookup",
           [](Table& t, const py::array& keys, bool insert, const py::array& out) {

@@ -254,3 +254,41 @@ def test_prometheus_collector_serves_the_tables() -> None:
     exposed = prometheus_client.generate_latest(registry).decode()
     assert 'embstore_inserts_total{table="scraped"} 3.0' in exposed
     assert 'embstore_latency_seconds_count{name="lookup",table="scraped"} 1.0' in exposed
+
+
+def test_periodic_report_covers_each_interval_only(tmp_path: Path) -> None:
+    """The reporter's lines describe the calls of their own interval: counts restart every
+    interval, a quiet interval writes nothing, and a reset() in between is handled."""
+    path = os.path.join(str(tmp_path), "perf.log")
+    t = embstore.Table(dim=2, capacity=64, name="windowed")
+    keys = np.arange(4, dtype=np.uint64)
+    reporter = embstore.metrics.PerfReporter(path, interval_ms=60_000)  # never fires alone
+
+    def counts() -> dict[str, int]:
+        with open(path, encoding="utf-8") as f:
+            lines = [ln for ln in f.read().splitlines() if "table=windowed" in ln]
+        open(path, "w").close()
+        out = {}
+        for ln in lines:
+            fields = dict(kv.split("=") for kv in ln.split()[2:])
+            assert float(fields["p50_us"]) <= float(fields["p99_us"]) <= float(fields["max_us"])
+            out[fields["name"]] = int(fields["count"])
+        return out
+
+    for _ in range(3):
+        t.lookup(keys)
+    reporter.write_once()
+    assert counts()["lookup"] == 3
+    for _ in range(2):
+        t.lookup(keys)
+    reporter.write_once()
+    assert counts()["lookup"] == 2  # not 5: only this interval
+    reporter.write_once()
+    assert counts() == {}  # a quiet interval
+    t.lookup(keys)
+    embstore.metrics.reset()
+    t.lookup(keys)
+    reporter.write_once()
+    assert counts()["lookup"] == 1  # what came after the reset
+    assert t.stats()["latency"]["lookup"]["count"] == 1
+    t.close()

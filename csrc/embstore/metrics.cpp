@@ -2,6 +2,7 @@
 
 #include <cstdlib>  // std::getenv
 #include <cstring>  // std::strcmp
+#include <algorithm>  // std::min
 
 namespace embstore {
 namespace {
@@ -38,24 +39,47 @@ double LatencyHistogram::bucket_upper_ns(size_t bucket) noexcept {
 
 void LatencyHistogram::record(uint64_t ns) noexcept {
   buckets_[bucket_of(ns)].fetch_add(1, std::memory_order_relaxed);
-  count_.fetch_add(1, std::memory_order_relaxed);
   sum_ns_.fetch_add(ns, std::memory_order_relaxed);
   uint64_t seen = max_ns_.load(std::memory_order_relaxed);
   while (ns > seen && !max_ns_.compare_exchange_weak(seen, ns, std::memory_order_relaxed)) {
   }
 }
 
+HistogramSnapshot LatencyHistogram::snapshot() const noexcept {
+  HistogramSnapshot snap;
+  for (size_t b = 0; b < kBuckets; ++b) snap.counts[b] = buckets_[b].load(std::memory_order_relaxed);
+  snap.sum_ns = sum_ns_.load(std::memory_order_relaxed);
+  snap.max_ns = max_ns_.load(std::memory_order_relaxed);
+  snap.resets = resets_.load(std::memory_order_relaxed);
+  return snap;
+}
+
 LatencySummary LatencyHistogram::summary() const noexcept {
+  return summarize(HistogramSnapshot{}, snapshot());
+}
+
+LatencySummary LatencyHistogram::summarize(const HistogramSnapshot& before,
+                                           const HistogramSnapshot& now) noexcept {
   LatencySummary s;
   std::array<uint64_t, kBuckets> counts;
-  uint64_t total = 0;
+  uint64_t total = 0, highest = 0;
+  bool was_reset = now.resets != before.resets;
+  for (size_t b = 0; b < kBuckets; ++b) was_reset = was_reset || now.counts[b] < before.counts[b];
+  const HistogramSnapshot empty;
+  const HistogramSnapshot& base = was_reset ? empty : before;  // reset() between: all is new
   for (size_t b = 0; b < kBuckets; ++b) {
-    counts[b] = buckets_[b].load(std::memory_order_relaxed);
+    counts[b] = now.counts[b] - base.counts[b];
     total += counts[b];
+    if (counts[b] != 0) highest = b;
   }
   s.count = total;
   if (total == 0) return s;
-  const double max_ns = static_cast<double>(max_ns_.load(std::memory_order_relaxed));
+  // The largest value of the window: exact when it raised the running maximum, else the
+  // upper bound of the highest bucket the window filled (never above the running maximum).
+  const double running_max = static_cast<double>(now.max_ns);
+  const double max_ns = now.max_ns > base.max_ns
+                            ? running_max
+                            : std::min(bucket_upper_ns(highest), running_max);
   // The q-quantile is the upper bound of the bucket holding the ceil(q * total)-th value,
   // capped by the largest value seen.
   auto quantile = [&](double q) {
@@ -74,16 +98,13 @@ LatencySummary LatencyHistogram::summary() const noexcept {
   s.p95_us = quantile(0.95);
   s.p99_us = quantile(0.99);
   s.max_us = max_ns / 1000.0;
-  const uint64_t n = count_.load(std::memory_order_relaxed);
-  s.mean_us = n == 0 ? 0.0
-                     : static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) /
-                           static_cast<double>(n) / 1000.0;
+  s.mean_us = static_cast<double>(now.sum_ns - base.sum_ns) / static_cast<double>(total) / 1000.0;
   return s;
 }
 
 void LatencyHistogram::reset() noexcept {
+  resets_.fetch_add(1, std::memory_order_relaxed);
   for (auto& b : buckets_) b.store(0, std::memory_order_relaxed);
-  count_.store(0, std::memory_order_relaxed);
   sum_ns_.store(0, std::memory_order_relaxed);
   max_ns_.store(0, std::memory_order_relaxed);
 }

@@ -24,6 +24,15 @@ struct LatencySummary {
   double p50_us = 0, p95_us = 0, p99_us = 0, max_us = 0, mean_us = 0;
 };
 
+class LatencyHistogram;
+
+// A copy of a histogram's counters at one moment: two of them give a window's summary.
+struct HistogramSnapshot {
+  std::array<uint64_t, 1 + (40 - 7) * 8> counts{};  // LatencyHistogram::kBuckets
+  uint64_t sum_ns = 0, max_ns = 0;
+  uint64_t resets = 0;  // reset() calls so far: a window spanning one starts from zero
+};
+
 class LatencyHistogram {
  public:
   static constexpr int kSubBits = 3;                 // 8 sub-buckets per power of two
@@ -32,7 +41,11 @@ class LatencyHistogram {
   static constexpr size_t kBuckets = 1 + (kMaxExp - kMinExp) * (1 << kSubBits);
 
   void record(uint64_t ns) noexcept;
-  LatencySummary summary() const noexcept;
+  LatencySummary summary() const noexcept;  // since the last reset
+  HistogramSnapshot snapshot() const noexcept;
+  // The values recorded between two snapshots (all of `now` if a reset came between).
+  static LatencySummary summarize(const HistogramSnapshot& before,
+                                  const HistogramSnapshot& now) noexcept;
   void reset() noexcept;
 
   // Bucket of a duration, and the upper bound of a bucket (the value percentiles report).
@@ -41,8 +54,10 @@ class LatencyHistogram {
 
  private:
   std::array<std::atomic<uint64_t>, kBuckets> buckets_{};
-  std::atomic<uint64_t> count_{0}, sum_ns_{0}, max_ns_{0};
+  std::atomic<uint64_t> sum_ns_{0}, max_ns_{0}, resets_{0};
 };
+static_assert(sizeof(HistogramSnapshot::counts) / sizeof(uint64_t) == LatencyHistogram::kBuckets,
+              "HistogramSnapshot holds every bucket");
 
 // What a table times: its operations, then the stages of a batch.
 enum class Timer : uint8_t {

@@ -20,9 +20,11 @@ Switches, read at import:
 
 - ``EMBSTORE_METRICS=0``: latency timers off (no clock is read); :func:`enable` toggles.
 - ``EMBSTORE_PERF_REPORT_PATH=file``: a daemon thread appends, every
-  ``EMBSTORE_PERF_INTERVAL_MS`` (default 5000) milliseconds, one line per table and
-  recorded name: ``<unix time> table=<t> name=<n> count=<c> p50_us=.. p95_us=.. p99_us=..
-  max_us=..`` (cumulative since the last :func:`reset`). It only reads the lock-free
+  ``EMBSTORE_PERF_INTERVAL_MS`` (default 5000) milliseconds, one line per table and name
+  recorded during that interval: ``<unix time> table=<t> name=<n> count=<c> p50_us=..
+  p95_us=.. p99_us=.. max_us=..`` describing only the calls of that interval (the difference
+  of two snapshots of the histograms; ``max_us`` is exact when the interval set a new
+  maximum, else the upper bound of its highest bucket). It only reads the lock-free
   histograms, so it never blocks a call, and it stops at interpreter exit.
 """
 
@@ -88,25 +90,54 @@ def _stats(table: Table) -> dict[str, Any] | None:
         return None
 
 
+def _format_lines(stamp: str, table: Table, latency: dict[str, Any]) -> list[str]:
+    return [
+        f"{stamp} table={table.name} name={name} count={h['count']} "
+        f"p50_us={h['p50_us']:.1f} p95_us={h['p95_us']:.1f} "
+        f"p99_us={h['p99_us']:.1f} max_us={h['max_us']:.1f}"
+        for name, h in sorted(latency.items())
+    ]
+
+
 def report_lines(now: float | None = None) -> list[str]:
-    """The lines one report interval appends (see the module docstring)."""
+    """Lines for every open table's latency since the last :func:`reset` (cumulative); the
+    periodic report uses :class:`PerfReporter`'s per-interval windows instead."""
     stamp = f"{time.time() if now is None else now:.3f}"
     lines = []
     for table in _open_tables():
         st = _stats(table)
         if st is None:
             continue
-        for name, h in sorted(st["latency"].items()):
-            lines.append(
-                f"{stamp} table={table.name} name={name} count={h['count']} "
-                f"p50_us={h['p50_us']:.1f} p95_us={h['p95_us']:.1f} "
-                f"p99_us={h['p99_us']:.1f} max_us={h['max_us']:.1f}"
-            )
+        lines += _format_lines(stamp, table, st["latency"])
     return lines
 
 
+class _Windows:
+    """Per-table histogram snapshots: each call returns what was recorded since the last."""
+
+    def __init__(self) -> None:
+        self._last: weakref.WeakKeyDictionary[Table, _core.TimerSnapshot] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def lines(self, now: float | None = None) -> list[str]:
+        stamp = f"{time.time() if now is None else now:.3f}"
+        lines = []
+        for table in _open_tables():
+            impl = table._impl
+            if impl is None:  # closed meanwhile
+                continue
+            snap = impl.timer_snapshot()
+            # First sight of a table: everything it recorded so far (an empty snapshot).
+            before = self._last.get(table, _core.TimerSnapshot())
+            self._last[table] = snap
+            lines += _format_lines(stamp, table, _core.latency_between(before, snap))
+        return lines
+
+
 class PerfReporter:
-    """A daemon thread appending :func:`report_lines` to ``path`` every ``interval_ms``."""
+    """A daemon thread appending, every ``interval_ms``, one line per table and name for the
+    calls recorded during that interval (see the module docstring)."""
 
     def __init__(self, path: str, interval_ms: float = 5000.0) -> None:
         if interval_ms <= 0:
@@ -114,6 +145,7 @@ class PerfReporter:
             raise ValueError(msg)
         self.path = path
         self.interval_s = interval_ms / 1000.0
+        self._windows = _Windows()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="embstore-perf-report", daemon=True)
 
@@ -126,8 +158,8 @@ class PerfReporter:
             self.write_once()
 
     def write_once(self) -> None:
-        """Append one interval's lines now."""
-        lines = report_lines()
+        """Append the lines of the interval that ends now."""
+        lines = self._windows.lines()
         if lines:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write("\n".join(lines) + "\n")
