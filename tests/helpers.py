@@ -204,3 +204,23 @@ def assert_unchanged(before: tuple[Any, ...], after: tuple[Any, ...]) -> None:
     assert st1 == st0
     assert np.array_equal(c1, c0)
     assert np.array_equal(v1, v0)
+
+
+def random_op(
+    t: embstore.Table, ref: ReferenceTable, rng: np.random.Generator, universe: np.ndarray
+) -> None:
+    """One random operation on both sides, results compared: lookup (with or without
+    insert), a two-bag lookup_sum, or an apply of random gradients."""
+    keys = rng.choice(universe, size=int(rng.integers(1, 10)))
+    kind = int(rng.integers(0, 4))
+    if kind == 0:
+        assert_rows_equal(t.lookup(keys), ref.lookup(keys), keys)
+    elif kind == 1:
+        assert_rows_equal(t.lookup(keys, insert=False), ref.lookup(keys, insert=False), keys)
+    elif kind == 2:
+        off = np.array([0, keys.shape[0] // 2, keys.shape[0]], dtype=np.int64)
+        assert_rows_equal(t.lookup_sum(keys, off), ref.lookup_sum(keys, off))
+    else:
+        g = rng.standard_normal((keys.shape[0], t.dim)).astype(np.float32)
+        t.apply_gradients(keys, g)
+        ref.apply_gradients(keys, g)

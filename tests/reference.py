@@ -642,15 +642,19 @@ class ReferenceTable:
         values = np.array([self.weights[k] for k in ids], dtype=F32).reshape(len(ids), self.dim)
         states = [self.state[k] for k in ids]
         for k in ids:
-            slot = self.slot_of.pop(k)
-            del self.slot_key[slot]
-            del self.weights[k]
-            del self.state[k]
-            del self.last_step[k]
-            self.ref[slot] = False
-            self.free.append(slot)
+            self._free(k)
         self.evictions += len(ids)
         return ids, values, states
+
+    def _free(self, key: int) -> None:
+        """Removes a present key; its slot goes on the LIFO free list."""
+        slot = self.slot_of.pop(key)
+        del self.slot_key[slot]
+        del self.weights[key]
+        del self.state[key]
+        del self.last_step[key]
+        self.ref[slot] = False
+        self.free.append(slot)
 
     def _update(self, key: int, g: F32Array) -> None:
         self.weights[key] = optimizer_step(self.optimizer, self.weights[key], self.state[key], g)
@@ -682,15 +686,8 @@ class ReferenceTable:
         """``Table.erase``: frees rows (pushed on the LIFO free list), returns rows removed."""
         removed = 0
         for k in as_ids(keys).tolist():
-            slot = self.slot_of.pop(k, None)
-            if slot is None:
-                continue
-            del self.slot_key[slot]
-            del self.weights[k]
-            del self.state[k]
-            del self.last_step[k]
-            self.ref[slot] = False
-            self.free.append(slot)
-            removed += 1
+            if k in self.slot_of:
+                self._free(k)
+                removed += 1
         self.erased += removed
         return removed

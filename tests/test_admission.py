@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import Config, assert_counters, assert_rows_equal, assert_same_state, u64
+from helpers import Config, assert_counters, assert_rows_equal, assert_same_state, random_op, u64
 from reference import AdagradSpec
 
 import embstore
@@ -31,19 +31,7 @@ def test_admission_matches_reference(
     t, ref = cfg.pair()
     universe = np.arange(40, dtype=np.uint64)
     for _ in range(120):
-        keys = rng.choice(universe, size=int(rng.integers(1, 10)))
-        kind = int(rng.integers(0, 4))
-        if kind == 0:
-            assert_rows_equal(t.lookup(keys), ref.lookup(keys), keys)
-        elif kind == 1:
-            assert_rows_equal(t.lookup(keys, insert=False), ref.lookup(keys, insert=False), keys)
-        elif kind == 2:
-            off = np.array([0, keys.shape[0] // 2, keys.shape[0]], dtype=np.int64)
-            assert_rows_equal(t.lookup_sum(keys, off), ref.lookup_sum(keys, off))
-        else:
-            g = rng.standard_normal((keys.shape[0], 4)).astype(np.float32)
-            t.apply_gradients(keys, g)
-            ref.apply_gradients(keys, g)
+        random_op(t, ref, rng, universe)
         assert_counters(t, ref)
     assert_same_state(t, ref, universe)
     st = t.stats()

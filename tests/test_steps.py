@@ -6,13 +6,19 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import Config, assert_counters, assert_rows_equal, assert_same_state, u64
+from helpers import (
+    Config,
+    assert_counters,
+    assert_rows_equal,
+    assert_same_state,
+    random_op,
+    u64,
+)
 from reference import (
     AdagradSpec,
     AdamSpec,
     FTRLSpec,
     OptSpec,
-    ReferenceTable,
     RowState,
     RowWiseAdagradSpec,
     SGDSpec,
@@ -43,25 +49,6 @@ def _state_entries(spec: OptSpec, st: RowState) -> dict[str, np.ndarray]:
     return {"z": st.z, "n": st.n}
 
 
-def _random_ops(
-    t: embstore.Table, ref: ReferenceTable, rng: np.random.Generator, universe: np.ndarray
-) -> None:
-    """One random operation applied to both sides (lookups of both kinds, pooled, apply)."""
-    keys = rng.choice(universe, size=int(rng.integers(1, 12)))
-    kind = int(rng.integers(0, 4))
-    if kind == 0:
-        assert_rows_equal(t.lookup(keys), ref.lookup(keys), keys)
-    elif kind == 1:
-        assert_rows_equal(t.lookup(keys, insert=False), ref.lookup(keys, insert=False), keys)
-    elif kind == 2:
-        off = np.array([0, keys.shape[0] // 2, keys.shape[0]], dtype=np.int64)
-        assert_rows_equal(t.lookup_sum(keys, off), ref.lookup_sum(keys, off))
-    else:
-        g = rng.standard_normal((keys.shape[0], t.dim)).astype(np.float32)
-        t.apply_gradients(keys, g)
-        ref.apply_gradients(keys, g)
-
-
 @pytest.mark.parametrize("spec", OPTIMIZERS, ids=lambda s: type(s).__name__)
 def test_evict_older_than_matches_reference(spec: OptSpec, rng: np.random.Generator) -> None:
     """Random lookups/applies over advancing steps, with CLOCK churn (one shard: the
@@ -74,7 +61,7 @@ def test_evict_older_than_matches_reference(spec: OptSpec, rng: np.random.Genera
         t.set_step(step)
         ref.set_step(step)
         for _ in range(3):
-            _random_ops(t, ref, rng, universe)
+            random_op(t, ref, rng, universe)
         if step % 5 == 0:
             bound = step - int(rng.integers(0, 4))
             got = t.evict(older_than=bound, with_state=True)
