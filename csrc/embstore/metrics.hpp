@@ -53,6 +53,8 @@ enum class Timer : uint8_t {
   kErase,
   kGroupLookupSum,        // TableGroup.lookup_sum (recorded in every table of the call)
   kGroupApplyGradients,   // TableGroup.apply_gradients
+  kSave,                  // a checkpoint written (save / save_delta), begin to commit
+  kLoad,                  // a table loaded from a checkpoint (recorded by the loader)
   kStageValidate,  // argument checks (offsets, finite values)
   kStagePlan,      // grouping ids by shard
   kStageGather,    // index probe + row copy under the shard locks
