@@ -16,7 +16,7 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,6 +52,8 @@ LOAD_OVERRIDES = ("capacity", "num_shards", "num_threads", "name", "on_evict", "
 CHUNK_BYTES = 4 << 20
 MIN_CHUNK_ROWS = 1024
 _MODE_FULL, _MODE_DELTA, _MODE_EXPORT = 0, 1, 2
+#: Test seam: called after each chunk a snapshot copies out (tests slow snapshots down).
+_chunk_hook: Callable[[], object] | None = None
 
 U64Array = npt.NDArray[np.uint64]
 
@@ -150,9 +152,9 @@ class _Config:
             raise r._error(f"corrupted header (bad table configuration: {e!r})") from None
         from embstore.optimizers import state_layout
 
-        if self.layout != state_layout(self.optimizer, self.dim) or self.row_width != self.dim + sum(
-            w for _, w, _ in self.layout
-        ):
+        if self.layout != state_layout(
+            self.optimizer, self.dim
+        ) or self.row_width != self.dim + sum(w for _, w, _ in self.layout):
             raise r._error("corrupted header (state layout does not match the optimizer)")
         if h.get("kind") not in ("full", "delta"):
             raise r._error(f"corrupted header (unknown kind {h.get('kind')!r})")
@@ -172,7 +174,7 @@ class _Config:
 
 
 def _crc32(a: np.ndarray) -> int:
-    return zlib.crc32(memoryview(a).cast("B")) & 0xFFFFFFFF
+    return zlib.crc32(a.data.cast("B")) & 0xFFFFFFFF
 
 
 def _chunk_rows(width: int) -> int:
@@ -229,7 +231,7 @@ def write_snapshot(
                         else:
                             _, name, shard, arr = item
                             w.section(name, arr, shard)
-                except BaseException as e:  # handed to the calling thread
+                except BaseException as e:  # noqa: BLE001  (re-raised by the calling thread)
                     failure.append(e)
                 finally:
                     if item[0] == "rows":
@@ -242,6 +244,8 @@ def write_snapshot(
                 while not snap.done(s) and not failure:
                     buf = free.get()
                     n = int(snap.next(s, buf.ids, buf.rows, buf.steps))
+                    if _chunk_hook is not None:
+                        _chunk_hook()
                     if n:  # checksums here, writes there: the two threads share the work
                         crcs = [_crc32(a[:n]) for a in (buf.ids, buf.rows, buf.steps)]
                         work.put(("rows", s, buf, n, crcs))
@@ -311,6 +315,8 @@ def export(table: Table) -> dict[str, np.ndarray]:
         for s in range(int(snap.num_shards)):
             while not snap.done(s):
                 n = int(snap.next(s, buf.ids, buf.rows, buf.steps))
+                if _chunk_hook is not None:
+                    _chunk_hook()
                 if n:
                     ids.append(buf.ids[:n].copy())
                     rows.append(buf.rows[:n].copy())
@@ -436,9 +442,7 @@ class _Group:
         self._pool.put(self.buffers)
 
 
-def _read_groups(
-    r: CheckpointReader, width: int, pool: queue.Queue[_Buffers], emit: Any
-) -> None:
+def _read_groups(r: CheckpointReader, width: int, pool: queue.Queue[_Buffers], emit: Any) -> None:
     """Reads every section of ``r`` in order, checking each, and emits each row group (a
     _Group) and each sketch ((shard, counters)). Removed-id sections are only checked (the
     pre-pass applied them)."""
@@ -450,17 +454,22 @@ def _read_groups(
         if sec.name in names:
             n = sec.shape[0]
             if sec.name != names[len(group)] or (group and group[0].shape[0] != n):
-                raise r._error(f"corrupted (section {sec.index} out of place)")
+                raise r._error(f"corrupted (section {sec.number} out of place)")
             if sec.name == "rows" and sec.shape[1] != width:
                 raise r._error(
-                    f"corrupted (section {sec.index} has rows of width {sec.shape[1]}, "
+                    f"corrupted (section {sec.number} has rows of width {sec.shape[1]}, "
                     f"expected {width})"
                 )
             if buf is None:
                 buf = pool.get()
                 if buf.ids.shape[0] < n:  # a bigger chunk than this embstore writes
                     buf = _Buffers(n, width)
-            target = {"ids": buf.ids, "rows": buf.rows, "last_step": buf.steps}[sec.name]
+            targets: dict[str, np.ndarray] = {
+                "ids": buf.ids,
+                "rows": buf.rows,
+                "last_step": buf.steps,
+            }
+            target = targets[sec.name]
             r.read_payload(sec, target)
             group.append(sec)
             if len(group) == 3:
@@ -502,7 +511,7 @@ def _prefetch_groups(r: CheckpointReader, width: int) -> Any:
             _read_groups(r, width, pool, emit)
         except _Stopped:
             return
-        except BaseException as e:  # handed to the caller
+        except BaseException as e:  # noqa: BLE001  (re-raised by the caller)
             failure.append(e)
         while not stop.is_set():
             try:
@@ -611,7 +620,11 @@ def _select(
         r.close()
         # Within a file, removals come before rows (an id removed then re-inserted).
         for arr, pos, st in (
-            (removed, np.full(removed.shape[0], -1, np.int64), np.zeros(removed.shape[0], np.uint32)),
+            (
+                removed,
+                np.full(removed.shape[0], -1, np.int64),
+                np.zeros(removed.shape[0], np.uint32),
+            ),
             (ids, np.arange(ids.shape[0], dtype=np.int64), steps),
         ):
             ev_ids.append(arr)

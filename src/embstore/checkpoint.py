@@ -29,6 +29,7 @@ file. Nothing is returned from a file that fails any check.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
@@ -36,11 +37,13 @@ import time
 import uuid
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:  # typing.Self needs Python 3.11; annotations are never evaluated at run time
+    from typing_extensions import Self
 
 __all__ = [
     "FORMAT_VERSION",
@@ -87,7 +90,7 @@ SECTIONS: dict[str, tuple[bytes, int]] = {
 #: Test hook (see tests/test_checkpoint_crash.py): "<point>" at which the writer writes the
 #: file named by EMBSTORE_CHECKPOINT_TEST_MARKER and sleeps, so a test can kill it there.
 #: Points: "header", "section:<k>" (before section k), "trailer", "fsync", "replace",
-#: "dirsync".
+#: "dirsync"; "small-replace" in write_atomic (a group's manifest).
 _PAUSE_ENV = "EMBSTORE_CHECKPOINT_TEST_PAUSE"
 _MARKER_ENV = "EMBSTORE_CHECKPOINT_TEST_MARKER"
 
@@ -161,7 +164,7 @@ class CheckpointWriter:
         self._write(pre + body + b"\0" * _pad(len(pre) + len(body)))
         _test_pause("header")
 
-    def __enter__(self) -> CheckpointWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
@@ -187,7 +190,7 @@ class CheckpointWriter:
             msg = f"section {name}: bad array {array.dtype} {array.shape}"
             raise ValueError(msg)
         _test_pause(f"section:{self._sections}")
-        payload = memoryview(array).cast("B") if array.nbytes else b""
+        payload = array.data.cast("B") if array.nbytes else b""
         cols = array.shape[1] if ndim == 2 else 0
         head = struct.pack(
             "<4sI16sI4sQQQI",
@@ -276,6 +279,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        _test_pause("small-replace")
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -291,11 +295,10 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
 # --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Section:
+class Section(NamedTuple):
     """A section header as read (and checked) from a file."""
 
-    index: int
+    number: int  # position in the file, from 0
     name: str
     shard: int | None
     dtype: np.dtype[Any]
@@ -315,7 +318,7 @@ class CheckpointReader:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._f: IO[bytes] | None = open(self.path, "rb", buffering=0)  # noqa: SIM115
+        self._f: io.FileIO | None = open(self.path, "rb", buffering=0)  # noqa: SIM115
         try:
             self._open()
         except BaseException:
@@ -460,18 +463,17 @@ class CheckpointReader:
                 msg = "read_payload: buffer too small or of another dtype"
                 raise ValueError(msg)
             arr = flat[:count].reshape(sec.shape)
-        view = memoryview(arr).cast("B") if sec.nbytes else memoryview(b"")
+        view = arr.data.cast("B") if sec.nbytes else memoryview(b"")
         assert self._f is not None
         got = 0
         while got < sec.nbytes:
             n = self._f.readinto(view[got:])
             if not n:
-                raise self._error(f"truncated (section {sec.index} payload)")
+                raise self._error(f"truncated (section {sec.number} payload)")
             got += n
         if _crc(view) != sec.crc:
             raise self._error(
-                f"corrupted section {sec.index} ({sec.name}, shard {sec.shard}): "
-                "checksum mismatch"
+                f"corrupted section {sec.number} ({sec.name}, shard {sec.shard}): checksum mismatch"
             )
         self._skip_padding(sec)
         return arr
@@ -483,27 +485,26 @@ class CheckpointReader:
             msg = "skip_payload: not the current section"
             raise RuntimeError(msg)
         scratch = buffer if buffer is not None else np.empty(1 << 20, dtype=np.uint8)
-        view = memoryview(scratch).cast("B")
+        view = scratch.data.cast("B")
         assert self._f is not None
         crc = 0
         left = sec.nbytes
         while left:
             n = self._f.readinto(view[: min(left, view.nbytes)])
             if not n:
-                raise self._error(f"truncated (section {sec.index} payload)")
+                raise self._error(f"truncated (section {sec.number} payload)")
             crc = zlib.crc32(view[:n], crc)
             left -= n
         if (crc & 0xFFFFFFFF) != sec.crc:
             raise self._error(
-                f"corrupted section {sec.index} ({sec.name}, shard {sec.shard}): "
-                "checksum mismatch"
+                f"corrupted section {sec.number} ({sec.name}, shard {sec.shard}): checksum mismatch"
             )
         self._skip_padding(sec)
 
     def _skip_padding(self, sec: Section) -> None:
         pad = _pad(sec.nbytes)
-        if pad and self._read_exact(pad, f"section {sec.index} padding") != b"\0" * pad:
-            raise self._error(f"corrupted section {sec.index} (non-zero padding)")
+        if pad and self._read_exact(pad, f"section {sec.number} padding") != b"\0" * pad:
+            raise self._error(f"corrupted section {sec.number} (non-zero padding)")
         self._pos = sec.offset + sec.nbytes + pad
         self._pending = None
 
@@ -513,7 +514,7 @@ class CheckpointReader:
             self._f.close()
             self._f = None
 
-    def __enter__(self) -> CheckpointReader:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -572,7 +573,7 @@ def read(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
                 ids.append(arr)
             elif sec.name == "rows":
                 if arr.shape[1] != width:
-                    raise r._error(f"section {sec.index}: rows of width {arr.shape[1]}")
+                    raise r._error(f"section {sec.number}: rows of width {arr.shape[1]}")
                 rows.append(arr)
             elif sec.name == "last_step":
                 steps.append(arr)

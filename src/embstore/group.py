@@ -84,7 +84,9 @@ class TableGroup(Mapping[str, Table]):
         _persist.save_group(self, directory)
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str], *, num_threads: int | None = None) -> TableGroup:
+    def load(
+        cls, directory: str | os.PathLike[str], *, num_threads: int | None = None
+    ) -> TableGroup:
         """The group saved in ``directory`` by :meth:`save` (``num_threads`` overrides every
         table's). Raises :class:`~embstore.CheckpointError` if any file is bad."""
         return _persist.load_group(directory, num_threads)
