@@ -5,7 +5,8 @@ Latency: each table records, for every call, the duration of the operation (``lo
 ``lookup_sum``, ``apply_gradients``, ``contains``, ``erase``) and of the stages of a batch
 (``stage.validate``, ``stage.plan`` (grouping ids by shard), ``stage.gather`` (index probe +
 row copy under the shard locks), ``stage.pool`` (per-bag sums), ``stage.update`` (duplicate
-sums + fused optimizer)). A :class:`~embstore.TableGroup` call records its whole duration
+sums + fused optimizer)), and of checkpoints (``save``: a save or save_delta from its
+start to the file being durable; ``load``: a Table.load). A :class:`~embstore.TableGroup` call records its whole duration
 into every table it touches, as ``group.lookup_sum`` / ``group.apply_gradients``. ``Table.stats()["latency"]`` maps each recorded name to
 ``{"count", "p50_us", "p95_us", "p99_us", "max_us", "mean_us"}``. Recording is lock-free
 (relaxed atomic counters in log-linear buckets, 8 per power of two, so percentiles are
