@@ -848,6 +848,22 @@ void PreImages::clear() noexcept {
   emitted = 0;
 }
 
+void Table::preserve(size_t s, uint32_t row) {
+  Shard& sh = *shards_[s];
+  if (!sh.needs_preimage(row)) return;
+  const RowMeta& m = sh.meta(row);
+  preimages_[s].add(m.id, m.last_step, sh.dirty(row), row_ptr(sh, row));
+  sh.set_captured(row);
+}
+
+void Table::touch_step(size_t s, uint32_t row, uint32_t step, bool cow) {
+  Shard& sh = *shards_[s];
+  if (sh.meta(row).last_step == step) return;
+  if (cow) preserve(s, row);
+  sh.meta(row).last_step = step;
+  sh.mark_dirty(row);
+}
+
 void Table::abandon_snapshot_locked(size_t s, uint64_t gen) {
   Shard& sh = *shards_[s];
   if (sh.snapshot_gen() != gen) sh.open_snapshot(gen, false);  // so no writer joins it later

@@ -210,23 +210,13 @@ class Table {
     return sh.snapshot_pending();
   }
   // Preserves the pre-image of `row` of shard s (whose lock the caller holds, and whose
-  // snapshot is pending) unless the snapshot has it already or does not include it.
-  void preserve(size_t s, uint32_t row) {
-    Shard& sh = *shards_[s];
-    if (!sh.needs_preimage(row)) return;
-    const RowMeta& m = sh.meta(row);
-    preimages_[s].add(m.id, m.last_step, sh.dirty(row), row_ptr(sh, row));
-    sh.set_captured(row);
-  }
+  // snapshot is pending) unless the snapshot has it already or does not include it. Out of
+  // line, so the batch kernels' loops pay only the branch that guards the call.
+  __attribute__((noinline)) void preserve(size_t s, uint32_t row);
   // A lookup of a present row records the current step (and marks the row dirty when that
-  // changes its last step); `cow` is snapshot_join's answer.
-  void touch_step(size_t s, uint32_t row, uint32_t step, bool cow) {
-    Shard& sh = *shards_[s];
-    if (sh.meta(row).last_step == step) return;
-    if (cow) preserve(s, row);
-    sh.meta(row).last_step = step;
-    sh.mark_dirty(row);
-  }
+  // changes its last step); `cow` is snapshot_join's answer. Out of line: the lookup loop
+  // keeps its registers (only tables that use steps call it).
+  __attribute__((noinline)) void touch_step(size_t s, uint32_t row, uint32_t step, bool cow);
   // Leaves snapshot `gen` in shard s (lock held) without writing it: drops its pre-images.
   void abandon_snapshot_locked(size_t s, uint64_t gen);
   // fork() child: forgets a snapshot a thread of the parent was writing.
