@@ -729,3 +729,29 @@ def test_zeros_and_normal_initializers_round_trip(tmp_path: Path) -> None:
         assert u.initializer == t.initializer
         assert np.array_equal(u.initial_values([99]), t.initial_values([99]))
         assert_same_rows(t, u)
+
+
+def test_a_load_that_fails_midway_stops_its_reader_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    monkeypatch.setattr(_persist, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(_persist, "MIN_CHUNK_ROWS", 4)
+    t = embstore.Table(dim=2, capacity=1000, num_shards=2)
+    t.lookup(np.arange(500))
+    t.save(tmp_path / "b")
+    calls = {"n": 0}
+    real = embstore._core.Table.import_rows
+
+    def failing(self: Any, **kw: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] == 3:  # the reader is ahead, holding every buffer
+            raise MemoryError("simulated")
+        return int(real(self, **kw))
+
+    monkeypatch.setattr(embstore._core.Table, "import_rows", failing)
+    with pytest.raises(MemoryError):
+        embstore.Table.load(tmp_path / "b")
+    names = [th.name for th in threading.enumerate()]
+    assert "embstore-checkpoint-reader" not in names

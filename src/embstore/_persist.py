@@ -8,6 +8,7 @@ streamed shard by shard in bounded chunks while other threads keep training) and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -16,7 +17,7 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -442,7 +443,9 @@ class _Group:
         self._pool.put(self.buffers)
 
 
-def _read_groups(r: CheckpointReader, width: int, pool: queue.Queue[_Buffers], emit: Any) -> None:
+def _read_groups(
+    r: CheckpointReader, width: int, pool: queue.Queue[_Buffers], emit: Any, take: Any
+) -> None:
     """Reads every section of ``r`` in order, checking each, and emits each row group (a
     _Group) and each sketch ((shard, counters)). Removed-id sections are only checked (the
     pre-pass applied them)."""
@@ -461,7 +464,7 @@ def _read_groups(r: CheckpointReader, width: int, pool: queue.Queue[_Buffers], e
                     f"expected {width})"
                 )
             if buf is None:
-                buf = pool.get()
+                buf = take()
                 if buf.ids.shape[0] < n:  # a bigger chunk than this embstore writes
                     buf = _Buffers(n, width)
             targets: dict[str, np.ndarray] = {
@@ -485,7 +488,7 @@ def _read_groups(r: CheckpointReader, width: int, pool: queue.Queue[_Buffers], e
         raise r._error("corrupted (an incomplete row group)")
 
 
-def _prefetch_groups(r: CheckpointReader, width: int) -> Any:
+def _prefetch_groups(r: CheckpointReader, width: int) -> Generator[Any, None, None]:
     """Yields what _read_groups emits, reading (and checksumming) in a thread of its own so
     that file reads overlap the caller's imports. Errors are re-raised in the caller."""
     cap = _chunk_rows(width)
@@ -506,9 +509,17 @@ def _prefetch_groups(r: CheckpointReader, width: int) -> Any:
                 continue
         raise _Stopped
 
+    def take() -> _Buffers:
+        while not stop.is_set():
+            try:
+                return pool.get(timeout=0.1)
+            except queue.Empty:
+                continue
+        raise _Stopped
+
     def run() -> None:
         try:
-            _read_groups(r, width, pool, emit)
+            _read_groups(r, width, pool, emit, take)
         except _Stopped:
             return
         except BaseException as e:  # noqa: BLE001  (re-raised by the caller)
@@ -730,24 +741,27 @@ def load(
             mask = None if masks is None else masks[f]
             seen = 0
             file_sketch: dict[int, np.ndarray] = {}
-            for item in _prefetch_groups(r, cfg.row_width):
-                if isinstance(item, tuple):  # a sketch section
-                    file_sketch[item[0]] = item[1]
-                    continue
-                buf, n = item.buffers, item.n
-                ids, rows, steps = buf.ids[:n], buf.rows[:n], buf.steps[:n]
-                if mask is not None:
-                    m = mask[seen : seen + n]
-                    if not m.all():
-                        ids, rows, steps = ids[m], rows[m], steps[m]
-                seen += n
-                k = ids.shape[0]
-                if k:
-                    stored = int(
-                        impl.import_rows(ids=ids, rows=rows, steps=steps, restore=True, placed=None)
-                    )
-                    not_placed += k - stored
-                item.release()
+            with contextlib.closing(_prefetch_groups(r, cfg.row_width)) as items:
+                for item in items:  # closing: the reader thread stops even on an error
+                    if isinstance(item, tuple):  # a sketch section
+                        file_sketch[item[0]] = item[1]
+                        continue
+                    buf, n = item.buffers, item.n
+                    ids, rows, steps = buf.ids[:n], buf.rows[:n], buf.steps[:n]
+                    if mask is not None:
+                        m = mask[seen : seen + n]
+                        if not m.all():
+                            ids, rows, steps = ids[m], rows[m], steps[m]
+                    seen += n
+                    k = ids.shape[0]
+                    if k:
+                        stored = int(
+                            impl.import_rows(
+                                ids=ids, rows=rows, steps=steps, restore=True, placed=None
+                            )
+                        )
+                        not_placed += k - stored
+                    item.release()
             if seen != r.num_rows:
                 raise r._error("corrupted (row count differs from the trailer)")
             if file_sketch:
