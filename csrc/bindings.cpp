@@ -10,17 +10,20 @@
 #include <pybind11/stl.h>      // std::vector, std::string conversions
 
 #include <cstdint>  // uint64_t, int64_t
+#include <cstring>  // std::memcpy
 #include <memory>   // std::shared_ptr
 #include <string>   // std::string
 #include <vector>   // std::vector
 
 #include "embstore/errors.hpp"       // CapacityError
 #include "embstore/metrics.hpp"      // Timer, metrics_enabled
+#include "embstore/snapshot.hpp"     // Snapshot, SnapshotMode
 #include "embstore/table.hpp"        // Table, lookup_sum_many, apply_gradients_many
 #include "embstore/thread_pool.hpp"  // ThreadPool
 
 namespace py = pybind11;
 using embstore::PoolMode;
+using embstore::Snapshot;
 using embstore::Table;
 
 namespace {
@@ -193,6 +196,36 @@ py::dict removed_rows_dict(embstore::RemovedRows&& removed, size_t width) {
   return d;
 }
 
+// A Snapshot that keeps its table alive (the Python object may outlive the facade's table).
+struct PySnapshot {
+  std::shared_ptr<Table> table;
+  std::unique_ptr<Snapshot> snap;
+};
+
+std::shared_ptr<PySnapshot> begin_snapshot(const std::shared_ptr<Table>& t, int mode) {
+  if (mode < 0 || mode > 2) throw py::value_error("mode: must be 0 (full), 1 (delta) or 2 (export)");
+  auto out = std::make_shared<PySnapshot>();
+  out->table = t;
+  py::gil_scoped_release release;  // waits while another snapshot of the table runs
+  out->snap = std::make_unique<Snapshot>(*t, static_cast<embstore::SnapshotMode>(mode));
+  return out;
+}
+
+template <typename T>
+py::array_t<T> vector_copy(const std::vector<T>& v) {
+  py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
+  if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
+  return a;
+}
+
+embstore::Timer timer_by_name(const std::string& name) {
+  for (size_t k = 0; k < static_cast<size_t>(embstore::Timer::kCount); ++k) {
+    const auto t = static_cast<embstore::Timer>(k);
+    if (name == embstore::timer_name(t)) return t;
+  }
+  throw py::value_error("unknown timer '" + name + "'");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -235,6 +268,58 @@ PYBIND11_MODULE(_core, m) {
              }
              return removed_rows_dict(std::move(removed), t.dim());
            })
+      .def_property_readonly("step_tracking", &Table::step_tracking)
+      .def_property_readonly("row_width", &Table::row_width)
+      .def(
+          "import_rows",
+          [](Table& t, const py::array& ids, const py::array& rows, const py::object& steps,
+             bool restore, const py::object& placed) {
+            const uint64_t* k = checked_data<uint64_t>(ids, "ids", -1, 0, false);
+            const auto n = ids.shape(0);
+            const float* r = checked_data<float>(rows, "rows", n,
+                                                 static_cast<py::ssize_t>(t.row_width()), false);
+            const uint32_t* st = steps.is_none()
+                                     ? nullptr
+                                     : checked_data<uint32_t>(steps.cast<py::array>(),
+                                                              "steps", n, 0, false);
+            uint8_t* pl = placed.is_none() ? nullptr
+                                           : checked_data<uint8_t>(placed.cast<py::array>(),
+                                                                   "placed", n, 0, true);
+            const auto mode = restore ? embstore::ImportMode::kRestore
+                                      : embstore::ImportMode::kUpsert;
+            py::gil_scoped_release release;
+            return t.import_rows(k, static_cast<size_t>(n), r, st, mode, pl);
+          },
+          py::arg("ids"), py::arg("rows"), py::arg("steps"), py::arg("restore"),
+          py::arg("placed"))
+      .def(
+          "sketch_counters",
+          [](Table& t, size_t s) {
+            if (s >= t.num_shards()) throw py::index_error("shard out of range");
+            std::vector<uint16_t> c;
+            {
+              py::gil_scoped_release release;
+              c = t.sketch_counters(s);
+            }
+            return vector_copy(c);
+          },
+          py::arg("shard"))
+      .def(
+          "restore_sketch",
+          [](Table& t, size_t s, const py::array& counters) {
+            if (s >= t.num_shards()) throw py::index_error("shard out of range");
+            const uint16_t* c = checked_data<uint16_t>(counters, "counters", -1, 0, false);
+            const auto n = static_cast<size_t>(counters.shape(0));
+            py::gil_scoped_release release;
+            return t.restore_sketch(s, c, n);
+          },
+          py::arg("shard"), py::arg("counters"))
+      .def(
+          "record_latency",
+          [](Table& t, const std::string& name, uint64_t ns) {
+            t.record_latency(timer_by_name(name), ns);
+          },
+          py::arg("name"), py::arg("ns"))
       .def_property_readonly("dim", &Table::dim)
       .def_property_readonly("capacity", &Table::capacity)
       .def_property_readonly("num_shards", &Table::num_shards)
@@ -317,6 +402,44 @@ PYBIND11_MODULE(_core, m) {
             t.initial_values(k, static_cast<size_t>(n), o);
           },
           py::arg("keys"), py::arg("out"));
+
+  py::class_<PySnapshot, std::shared_ptr<PySnapshot>>(m, "Snapshot")
+      .def_property_readonly("num_shards", [](const PySnapshot& p) { return p.snap->num_shards(); })
+      .def_property_readonly("row_width", [](const PySnapshot& p) { return p.snap->row_width(); })
+      .def_property_readonly("step", [](const PySnapshot& p) { return p.snap->step(); })
+      .def_property_readonly("step_tracking",
+                             [](const PySnapshot& p) { return p.snap->step_tracking(); })
+      .def_property_readonly("lr", [](const PySnapshot& p) { return p.snap->lr(); })
+      .def_property_readonly("finished", [](const PySnapshot& p) { return p.snap->finished(); })
+      .def(
+          "next",
+          [](PySnapshot& p, size_t s, const py::array& ids, const py::array& rows,
+             const py::array& steps) {
+            uint64_t* k = checked_data<uint64_t>(ids, "ids", -1, 0, true);
+            const auto cap = ids.shape(0);
+            float* r = checked_data<float>(rows, "rows", cap,
+                                           static_cast<py::ssize_t>(p.snap->row_width()), true);
+            uint32_t* st = checked_data<uint32_t>(steps, "steps", cap, 0, true);
+            py::gil_scoped_release release;
+            return p.snap->next(s, k, r, st, static_cast<size_t>(cap));
+          },
+          py::arg("shard"), py::arg("ids"), py::arg("rows"), py::arg("steps"))
+      .def("done", [](const PySnapshot& p, size_t s) { return p.snap->done(s); }, py::arg("shard"))
+      .def("removed", [](const PySnapshot& p, size_t s) { return vector_copy(p.snap->removed(s)); },
+           py::arg("shard"))
+      .def("sketch", [](const PySnapshot& p, size_t s) { return vector_copy(p.snap->sketch(s)); },
+           py::arg("shard"))
+      .def("commit",
+           [](PySnapshot& p) {
+             py::gil_scoped_release release;
+             p.snap->commit();
+           })
+      .def("abort", [](PySnapshot& p) {
+        py::gil_scoped_release release;
+        p.snap->abort();
+      });
+
+  m.def("begin_snapshot", &begin_snapshot, py::arg("table"), py::arg("mode"));
 
   m.def(
       "group_lookup_sum",

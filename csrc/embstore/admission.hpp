@@ -46,6 +46,9 @@ class CountMinSketch {
   }
 
   size_t bytes() const noexcept { return counters_.size() * sizeof(uint16_t); }
+  // The raw counters (depth rows of width columns), for checkpoints.
+  const std::vector<uint16_t>& counters() const noexcept { return counters_; }
+  std::vector<uint16_t>& counters() noexcept { return counters_; }
 
   static constexpr size_t kMaxDepth = 16;
 

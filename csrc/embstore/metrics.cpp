@@ -118,6 +118,8 @@ const char* timer_name(Timer t) noexcept {
     case Timer::kErase: return "erase";
     case Timer::kGroupLookupSum: return "group.lookup_sum";
     case Timer::kGroupApplyGradients: return "group.apply_gradients";
+    case Timer::kSave: return "save";
+    case Timer::kLoad: return "load";
     case Timer::kStageValidate: return "stage.validate";
     case Timer::kStagePlan: return "stage.plan";
     case Timer::kStageGather: return "stage.gather";

@@ -68,6 +68,8 @@ enum class Timer : uint8_t {
   kErase,
   kGroupLookupSum,        // TableGroup.lookup_sum (recorded in every table of the call)
   kGroupApplyGradients,   // TableGroup.apply_gradients
+  kSave,                  // a checkpoint written (save / save_delta), begin to commit
+  kLoad,                  // a table loaded from a checkpoint (recorded by the loader)
   kStageValidate,  // argument checks (offsets, finite values)
   kStagePlan,      // grouping ids by shard (apply; lookups on the locked path)
   kStageGather,    // lookups: lock-free index probe + row read + per-bag sums

@@ -23,7 +23,11 @@ Shard::Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota)
       meta_(num_rows),
       ref_bits_(num_rows),
       occupied_(num_rows),
-      dirty_(num_rows) {}
+      dirty_(num_rows),
+      captured_(num_rows),
+      born_after_(num_rows),
+      saved_(num_rows),
+      dirty_pending_(num_rows) {}
 
 void Shard::link(uint64_t id, uint64_t hash, uint32_t row, uint32_t step) noexcept {
   Slot& s = slots_.get()[find_slot(id, hash)];
@@ -35,6 +39,8 @@ void Shard::link(uint64_t id, uint64_t hash, uint32_t row, uint32_t step) noexce
   __atomic_store_n(&m.last_step, step, __ATOMIC_RELAXED);
   occupied_.set(row);
   dirty_.set(row);
+  saved_.clear(row);  // a new id: in no checkpoint yet
+  if (snap_pending_) born_after_.set(row);
   reference(row);
   counters.size.store(counters.size.load(std::memory_order_relaxed) + 1,
                       std::memory_order_relaxed);
@@ -54,22 +60,24 @@ void Shard::erase_slot(uint32_t hole) noexcept {
   slots[hole].row_plus1 = 0;
 }
 
-uint32_t Shard::unlink_and_free(uint64_t id, uint64_t hash) noexcept {
+uint32_t Shard::unlink_and_free(uint64_t id, uint64_t hash) {
   const uint32_t pos = find_slot(id, hash);
   Slot& s = slots_.get()[pos];
   if (s.row_plus1 == 0) return kNoRow;
   const uint32_t row = s.row_plus1 - 1;
+  note_removed(row);  // first: may allocate (and throw) before anything changes
   erase_slot(pos);
   release_row(row);
   return row;
 }
 
-void Shard::free_row(uint32_t row) noexcept {
+void Shard::free_row(uint32_t row) {
+  note_removed(row);
   erase_slot(find_slot(meta(row).id, mix64(meta(row).id)));
   release_row(row);
 }
 
-void Shard::release_row(uint32_t row) noexcept {
+void Shard::release_row(uint32_t row) {
   occupied_.clear(row);
   dirty_.clear(row);
   RowMeta& m = meta(row);
@@ -106,7 +114,8 @@ uint32_t Shard::clock_victim() noexcept {
   return kNoRow;
 }
 
-void Shard::evict(uint32_t row) noexcept {
+void Shard::evict(uint32_t row) {
+  note_removed(row);
   RowMeta& m = meta(row);
   erase_slot(find_slot(m.id, mix64(m.id)));
   occupied_.clear(row);

@@ -30,6 +30,14 @@
 //    updated; it is written only once a step has been set, so tables that never use steps
 //    pay no extra cache miss per id. Lock-free readers write it, so it (like the reference
 //    bits) is accessed with relaxed atomic operations.
+//
+// Checkpoint state (driven by Table and Snapshot, see snapshot.hpp): which snapshot the shard
+// has joined, whether that snapshot still has to write it (`snapshot_pending`: writers then
+// preserve a row's pre-image before changing it), a cursor over the rows written so far, and
+// per-row bits: `captured` (pre-image preserved), `born_after` (linked after the snapshot
+// began: not part of it), `saved` (the id is in the last checkpoint, so its removal goes to
+// the removed-ids log of the next delta) and `dirty_pending` (dirty bits a checkpoint still
+// being written has taken; restored if it fails).
 #pragma once
 
 #include <atomic>   // std::atomic
@@ -37,6 +45,7 @@
 #include <cstddef>  // size_t
 #include <cstdint>  // uint64_t, uint32_t
 #include <mutex>    // std::mutex
+#include <vector>   // std::vector
 
 #include "embstore/arena.hpp"  // ZeroedBuffer
 #include "embstore/hash.hpp"   // fast_range32
@@ -120,6 +129,12 @@ class Bitmap {
   void clear(uint32_t i) noexcept { words_.get()[i / 64] &= ~(uint64_t{1} << (i % 64)); }
   bool test(uint32_t i) const noexcept { return (words_.get()[i / 64] >> (i % 64)) & 1; }
   size_t bytes() const noexcept { return words_.size() * sizeof(uint64_t); }
+  size_t words() const noexcept { return words_.size(); }
+  uint64_t* data() noexcept { return words_.get(); }
+  const uint64_t* data() const noexcept { return words_.get(); }
+  void clear_all() noexcept {
+    for (size_t w = 0; w < words_.size(); ++w) words_.get()[w] = 0;
+  }
 
  private:
   ZeroedBuffer<uint64_t> words_;
@@ -209,6 +224,69 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   void mark_dirty(uint32_t row) noexcept { dirty_.set(row); }
   bool dirty(uint32_t row) const noexcept { return dirty_.test(row); }
   void clear_dirty(uint32_t row) noexcept { dirty_.clear(row); }
+
+  // ---- checkpoint snapshot state (see the file comment and snapshot.hpp) ----
+  uint64_t snapshot_gen() const noexcept { return snap_gen_; }
+  bool snapshot_pending() const noexcept { return snap_pending_; }
+  // Joins snapshot `gen`: the shard's rows as they are now are that snapshot's; from here on
+  // writers preserve pre-images. `bookkeeping`: a checkpoint (not an export), whose removals
+  // are logged for the next delta.
+  void open_snapshot(uint64_t gen, bool bookkeeping) noexcept {
+    snap_gen_ = gen;
+    snap_pending_ = true;
+    snap_bookkeeping_ = bookkeeping;
+    snap_cursor_ = 0;
+    removed_mark_ = removed_.size();
+  }
+  // Leaves the joined snapshot: clears the per-snapshot bits.
+  void close_snapshot() noexcept {
+    snap_pending_ = false;
+    snap_cursor_ = 0;
+    captured_.clear_all();
+    born_after_.clear_all();
+  }
+  // Rows [0, cursor) have been written by the pending snapshot.
+  uint32_t snapshot_cursor() const noexcept { return snap_cursor_; }
+  void set_snapshot_cursor(uint32_t c) noexcept { snap_cursor_ = c; }
+  // Whether a write to `row` must first preserve its pre-image (the caller checked
+  // snapshot_pending()).
+  bool needs_preimage(uint32_t row) const noexcept {
+    return row >= snap_cursor_ && occupied_.test(row) && !captured_.test(row) &&
+           !born_after_.test(row);
+  }
+  void set_captured(uint32_t row) noexcept { captured_.set(row); }
+  bool captured(uint32_t row) const noexcept { return captured_.test(row); }
+  bool born_after(uint32_t row) const noexcept { return born_after_.test(row); }
+  bool saved(uint32_t row) const noexcept { return saved_.test(row); }
+  void set_saved(uint32_t row) noexcept { saved_.set(row); }
+  // A checkpoint takes the row's dirty bit (restored by restore_dirty if it fails).
+  void take_dirty(uint32_t row) noexcept {
+    dirty_.clear(row);
+    dirty_pending_.set(row);
+  }
+  // After a checkpoint is written: saved = occupied and not born after it.
+  void mark_saved_rows() noexcept {
+    uint64_t* sv = saved_.data();
+    const uint64_t* occ = occupied_.data();
+    const uint64_t* born = born_after_.data();
+    for (size_t w = 0; w < saved_.words(); ++w) sv[w] = occ[w] & ~born[w];
+  }
+  // Commit (drop the taken dirty bits) or abort (give them back to occupied rows).
+  void commit_dirty() noexcept { dirty_pending_.clear_all(); }
+  void restore_dirty() noexcept {
+    uint64_t* d = dirty_.data();
+    uint64_t* p = dirty_pending_.data();
+    const uint64_t* occ = occupied_.data();
+    for (size_t w = 0; w < dirty_.words(); ++w) {
+      d[w] |= p[w] & occ[w];
+      p[w] = 0;
+    }
+  }
+  // Ids removed since the last checkpoint that it holds (erase, CLOCK, evict_older_than);
+  // [0, removed_mark()) were removed before the pending snapshot began.
+  std::vector<uint64_t>& removed_log() noexcept { return removed_; }
+  size_t removed_mark() const noexcept { return removed_mark_; }
+  void set_removed_mark(size_t m) noexcept { removed_mark_ = m; }
   // Rows [0, claimed_rows()) have held an id at least once; the rest were never touched.
   uint32_t claimed_rows() const noexcept { return used_; }
   uint32_t num_rows() const noexcept { return num_rows_; }
@@ -222,7 +300,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   void link(uint64_t id, uint64_t hash, uint32_t row, uint32_t step) noexcept;
   // Removes `id` from the index and frees its row to this shard's free list.
   // Returns the freed row or kNoRow if absent.
-  uint32_t unlink_and_free(uint64_t id, uint64_t hash) noexcept;
+  uint32_t unlink_and_free(uint64_t id, uint64_t hash);
 
   // Row allocation, in the order docs/semantics.md gives: the free list, then never-used rows.
   bool has_unclaimed_row() const noexcept { return free_head_ != kNoRow || used_ < num_rows_; }
@@ -233,9 +311,9 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // `evict` unlinks it.
   uint32_t clock_victim() noexcept;
   // Unlinks the id held by `row` so the row can take a new id (no free-list push).
-  void evict(uint32_t row) noexcept;
+  void evict(uint32_t row);
   // Unlinks the id held by `row` and frees the row to the free list.
-  void free_row(uint32_t row) noexcept;
+  void free_row(uint32_t row);
 
   RowMeta& meta(uint32_t row) noexcept { return meta_.get()[row]; }
   const RowMeta& meta(uint32_t row) const noexcept { return meta_.get()[row]; }
@@ -247,7 +325,8 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // Bytes of index and metadata (the arena's rows are counted by the table).
   size_t footprint_bytes() const noexcept {
     return slots_.size() * sizeof(Slot) + meta_.size() * sizeof(RowMeta) +
-           ref_bits_.bytes() + occupied_.bytes() + dirty_.bytes();
+           ref_bits_.bytes() + occupied_.bytes() + dirty_.bytes() + captured_.bytes() +
+           born_after_.bytes() + saved_.bytes() + dirty_pending_.bytes();
   }
 
   ShardCounters counters;
@@ -265,7 +344,14 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   }
   void unreference(uint32_t row) noexcept { ref_bits_.clear(row); }
   void erase_slot(uint32_t pos) noexcept;                          // backward-shift deletion
-  void release_row(uint32_t row) noexcept;  // after unlinking: clear bits, push free list
+  void release_row(uint32_t row);  // after unlinking: clear bits, push free list
+  // Logs the id of `row`, about to be removed, when a checkpoint (or the snapshot being
+  // written) holds it.
+  void note_removed(uint32_t row) {
+    if (saved_.test(row) || (snap_pending_ && snap_bookkeeping_ && !born_after_.test(row))) {
+      removed_.push_back(meta(row).id);
+    }
+  }
 
   std::mutex mutex_;
   std::atomic<uint64_t> version_{0};  // odd while a WriteScope is open
@@ -281,6 +367,17 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   AtomicBitmap ref_bits_;
   Bitmap occupied_;
   Bitmap dirty_;
+  // Checkpoint state.
+  uint64_t snap_gen_ = 0;
+  bool snap_pending_ = false;
+  bool snap_bookkeeping_ = false;
+  uint32_t snap_cursor_ = 0;
+  Bitmap captured_;
+  Bitmap born_after_;
+  Bitmap saved_;
+  Bitmap dirty_pending_;
+  std::vector<uint64_t> removed_;
+  size_t removed_mark_ = 0;
 };
 
 }  // namespace embstore

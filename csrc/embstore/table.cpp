@@ -370,15 +370,11 @@ struct BatchRunner {
     }
   }
 
-  // Records a completed optimistic task: reference bits, last steps and hit/miss counts.
+  // Records a completed optimistic task: CLOCK reference bits and hit/miss counts (tables
+  // that track steps never read optimistically).
   static void commit_reads(Table& t, const ReadTask& task) {
-    const bool track = t.track_steps_.load(std::memory_order_relaxed);
-    const uint32_t step = t.step();
     for (const uint64_t packed : task.touched) {
-      Shard& sh = *t.shards_[packed >> 32];
-      const auto row = static_cast<uint32_t>(packed);
-      sh.reference(row);
-      if (track) sh.touch(row, step);
+      t.shards_[packed >> 32]->reference(static_cast<uint32_t>(packed));
     }
     t.read_hits_.fetch_add(task.touched.size(), std::memory_order_relaxed);
     t.read_misses_.fetch_add(task.misses, std::memory_order_relaxed);
@@ -428,6 +424,7 @@ struct BatchRunner {
     const auto lock = sh.lock();
     std::optional<Shard::WriteScope> writing;  // inserts change the shard
     if (insert) writing.emplace(sh);
+    const bool cow = t.snapshot_join(sh);  // checkpoint in progress: preserve before writing
     for (uint32_t j = b; j < e; ++j) {
       if (j + kSlotAhead < e) sh.prefetch(mix64(keys[ws.order[j + kSlotAhead]]));
       const uint64_t id = keys[ws.order[j]];
@@ -436,7 +433,7 @@ struct BatchRunner {
       if (row != kNoRow) {
         ++hits;
         sh.reference(row);
-        if (track) sh.touch(row, step);
+        if (track) t.touch_step(s, row, step, cow);
       } else {
         ++misses;
         if (insert && sketch != nullptr && sketch->add(hash) < min_count) {
@@ -561,6 +558,7 @@ struct BatchRunner {
     auto finish = [&](uint32_t q) { accumulate(pending[q % kRing], ring[q % kRing]); };
     const auto lock = sh.lock();
     const Shard::WriteScope writing(sh);
+    const bool cow = t.snapshot_join(sh);  // checkpoint in progress: preserve before writing
     struct Unpin {  // runs on success and on CapacityError alike
       Shard& sh;
       const uint32_t* rows;
@@ -617,6 +615,7 @@ struct BatchRunner {
     for (uint32_t k = 0; k < num_unique; ++k) {
       if (k + kRowAhead < num_unique) prefetch_lines(t.row_ptr(sh, unique[k + kRowAhead]), row_bytes);
       const uint32_t row = unique[k];
+      if (cow) t.preserve(s, row);
       apply_update(opt, lr, t.row_ptr(sh, row), acc_base + static_cast<size_t>(k) * dim, dim);
       sh.reference(row);
       sh.mark_dirty(row);
@@ -645,7 +644,7 @@ struct ForkGuard {
   }
   static void add(Table* t) {
     static const bool installed = [] {
-      pthread_atfork(&ForkGuard::prepare, &ForkGuard::release, &ForkGuard::release);
+      pthread_atfork(&ForkGuard::prepare, &ForkGuard::release, &ForkGuard::release_child);
       return true;
     }();
     (void)installed;
@@ -657,17 +656,27 @@ struct ForkGuard {
     auto& r = registry();
     r.erase(std::remove(r.begin(), r.end(), t), r.end());
   }
+  // A table's snapshot mutex is only ever held briefly and never while waiting for a shard
+  // lock, so taking it first keeps the order deadlock-free.
   static void prepare() {
     registry_mutex().lock();
     for (Table* t : registry()) {
+      t->snapshot_mutex_.lock();
       for (auto& sh : t->shards_) sh->mutex().lock();
     }
   }
   static void release() {
     for (Table* t : registry()) {
       for (auto& sh : t->shards_) sh->mutex().unlock();
+      t->snapshot_mutex_.unlock();
     }
     registry_mutex().unlock();
+  }
+  // The child has only the forking thread: a snapshot another thread was writing will never
+  // finish there, so the child forgets it (the parent's goes on untouched).
+  static void release_child() {
+    for (Table* t : registry()) t->reset_snapshot_after_fork();
+    release();
   }
 };
 
@@ -727,6 +736,8 @@ Table::Table(const TableConfig& config)
     for (size_t s = 0; s < S; ++s) sketches_.emplace_back((adm.width + S - 1) / S, adm.depth);
   }
   staged_rows_.resize(S);
+  preimages_.resize(S);
+  for (PreImages& p : preimages_) p.width = row_width();
   const size_t stride = row_stride(config_.dim, embstore::state_width(config_.optimizer, config_.dim));
   arena_ = RowArena(total_rows, stride);
   shards_.reserve(S);
@@ -791,6 +802,7 @@ uint32_t Table::claim_row_locked(size_t shard_index, uint64_t& evictions) {
   if (config_.eviction != Eviction::kClock) return kNoRow;
   const uint32_t victim = sh.clock_victim();
   if (victim == kNoRow) return kNoRow;
+  if (sh.snapshot_pending()) preserve(shard_index, victim);  // the caller joined
   if (config_.stage_evicted) {
     RemovedRows& staged = staged_rows_[shard_index];
     const float* values = row_ptr(sh, victim);
@@ -904,9 +916,14 @@ size_t Table::erase(const uint64_t* keys, size_t n) {
     size_t count = 0;
     const auto lock = sh.lock();
     const Shard::WriteScope writing(sh);
+    const bool cow = snapshot_join(sh);
     size_t returned = 0;
     for (uint32_t j = ws.shard_begin[s]; j < ws.shard_begin[s + 1]; ++j) {
       const uint64_t id = keys[ws.order[j]];
+      if (cow) {
+        const uint32_t row = sh.find(id, mix64(id));
+        if (row != kNoRow) preserve(s, row);
+      }
       const bool over_quota = sh.size() > sh.quota();
       if (sh.unlink_and_free(id, mix64(id)) != kNoRow) {
         ++count;
@@ -929,9 +946,11 @@ size_t Table::evict_older_than(uint64_t step, bool with_state, RemovedRows& out)
     Shard& sh = *shards_[s];
     const auto lock = sh.lock();
     const Shard::WriteScope writing(sh);
+    const bool cow = snapshot_join(sh);
     size_t returned = 0, count = 0;
     for (uint32_t row = 0; row < sh.claimed_rows(); ++row) {
       if (!sh.occupied(row) || sh.last_step(row) >= step) continue;
+      if (cow) preserve(s, row);
       const float* values = row_ptr(sh, row);
       out.ids.push_back(sh.meta(row).id);
       out.rows.insert(out.rows.end(), values, values + width);
@@ -975,6 +994,151 @@ void Table::initial_values(const uint64_t* keys, size_t n, float* out) const {
 }
 
 // ---------------------------------------------------------------------------------------
+// Checkpoint support: pre-images, imports, sketches
+
+void PreImages::add(uint64_t id, uint32_t step, bool was_dirty, const float* row) {
+  const size_t k = ids.size();
+  if (k / kChunkRows == chunks.size()) chunks.emplace_back(new float[kChunkRows * width]);
+  std::memcpy(chunks[k / kChunkRows].get() + (k % kChunkRows) * width, row,
+              width * sizeof(float));
+  ids.push_back(id);
+  steps.push_back(step);
+  dirty.push_back(was_dirty ? 1 : 0);
+}
+
+void PreImages::clear() noexcept {
+  std::vector<uint64_t>().swap(ids);
+  std::vector<uint32_t>().swap(steps);
+  std::vector<uint8_t>().swap(dirty);
+  std::vector<std::unique_ptr<float[]>>().swap(chunks);
+  emitted = 0;
+}
+
+void Table::preserve(size_t s, uint32_t row) {
+  Shard& sh = *shards_[s];
+  if (!sh.needs_preimage(row)) return;
+  const RowMeta& m = sh.meta(row);
+  preimages_[s].add(m.id, m.last_step, sh.dirty(row), row_ptr(sh, row));
+  sh.set_captured(row);
+}
+
+void Table::touch_step(size_t s, uint32_t row, uint32_t step, bool cow) {
+  Shard& sh = *shards_[s];
+  if (sh.meta(row).last_step == step) return;
+  if (cow) preserve(s, row);
+  sh.meta(row).last_step = step;
+  sh.mark_dirty(row);
+}
+
+void Table::abandon_snapshot_locked(size_t s, uint64_t gen) {
+  Shard& sh = *shards_[s];
+  if (sh.snapshot_gen() != gen) sh.open_snapshot(gen, false);  // so no writer joins it later
+  sh.close_snapshot();
+  preimages_[s].clear();
+}
+
+void Table::reset_snapshot_after_fork() {
+  // Runs in the fork child with every lock of the table held by this (the only) thread.
+  new (&snapshot_cv_) std::condition_variable();  // no thread of the child waits on it
+  if (!snapshot_busy_) return;
+  const uint64_t gen = snapshot_gen_.load(std::memory_order_relaxed);
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    abandon_snapshot_locked(s, gen);
+    shards_[s]->restore_dirty();
+  }
+  snapshot_busy_ = false;
+  active_gen_ = 0;
+}
+
+size_t Table::import_rows(const uint64_t* ids, size_t n, const float* rows,
+                          const uint32_t* steps, ImportMode mode, uint8_t* placed) {
+  const size_t width = row_width();
+  const bool restore = mode == ImportMode::kRestore;
+  const bool track = track_steps_.load(std::memory_order_relaxed);
+  const uint32_t now = track ? step() : 0;
+  Workspace& ws = workspace(0);
+  BatchRunner::plan(*this, ids, n, ws);
+  std::atomic<size_t> stored{0};
+  const size_t rot = rotation();
+  ThreadPool::global().run(shards_.size(), choose_workers(n, config_.num_threads),
+                           [&](size_t task) {
+    const size_t s = (task + rot) % shards_.size();
+    const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
+    if (b == e) return;
+    Shard& sh = *shards_[s];
+    uint64_t inserts = 0, evictions = 0;
+    size_t count = 0;
+    const auto lock = sh.lock();
+    const Shard::WriteScope writing(sh);
+    const bool cow = snapshot_join(sh);
+    for (uint32_t j = b; j < e; ++j) {
+      const uint32_t i = ws.order[j];
+      const uint64_t id = ids[i];
+      const uint64_t hash = mix64(id);
+      const uint32_t last = steps != nullptr ? steps[i] : now;
+      uint32_t row = sh.find(id, hash);
+      if (row == kNoRow) {
+        if (restore) {  // never evicts: a fresh table has room unless it is too small
+          if (sh.has_unclaimed_row() && (sh.size() < sh.quota() || try_borrow())) {
+            row = sh.claim_unused_row();
+          }
+        } else {
+          row = claim_row_locked(s, evictions);
+        }
+        if (row == kNoRow) {
+          if (restore) {
+            if (placed != nullptr) placed[i] = 0;
+            continue;
+          }
+          ShardCounters::add(sh.counters.inserts, inserts);
+          ShardCounters::add(sh.counters.evictions, evictions);
+          throw CapacityError(no_row_message(id, s));
+        }
+        std::memcpy(row_ptr(sh, row), rows + static_cast<size_t>(i) * width,
+                    width * sizeof(float));
+        sh.link(id, hash, row, last);
+        ++inserts;
+      } else {
+        if (cow) preserve(s, row);
+        std::memcpy(row_ptr(sh, row), rows + static_cast<size_t>(i) * width,
+                    width * sizeof(float));
+        sh.meta(row).last_step = last;
+        sh.reference(row);
+      }
+      if (restore) {
+        sh.clear_dirty(row);  // equal to the checkpoint it came from
+        sh.set_saved(row);
+      } else {
+        sh.mark_dirty(row);
+      }
+      if (placed != nullptr) placed[i] = 1;
+      ++count;
+    }
+    if (!restore) {
+      ShardCounters::add(sh.counters.inserts, inserts);
+      ShardCounters::add(sh.counters.evictions, evictions);
+    }
+    stored.fetch_add(count, std::memory_order_relaxed);
+  });
+  return stored.load();
+}
+
+std::vector<uint16_t> Table::sketch_counters(size_t s) {
+  if (sketches_.empty()) return {};
+  const auto lock = shards_[s]->lock();
+  return sketches_[s].counters();
+}
+
+bool Table::restore_sketch(size_t s, const uint16_t* counters, size_t count) {
+  if (sketches_.empty() || s >= sketches_.size()) return false;
+  const auto lock = shards_[s]->lock();
+  std::vector<uint16_t>& mine = sketches_[s].counters();
+  if (mine.size() != count) return false;
+  std::memcpy(mine.data(), counters, count * sizeof(uint16_t));
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
 // Multi-table batches
 
 void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
@@ -1013,7 +1177,12 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
   thread_local std::vector<BatchRunner::ReadTask> read_tasks;  // reused: no allocation warm
   if (read_tasks.size() < tasks.total()) read_tasks.resize(tasks.total());
   std::unique_ptr<std::atomic<bool>[]> aborted(new std::atomic<bool>[R]);
-  for (size_t k = 0; k < R; ++k) aborted[k].store(false, std::memory_order_relaxed);
+  for (size_t k = 0; k < R; ++k) {
+    // Step tracking writes each row's last step (and its dirty bit, with copy-on-write while
+    // a checkpoint runs): that needs the shard lock, so such tables take the locked path.
+    const bool track = requests[k].table->track_steps_.load(std::memory_order_relaxed);
+    aborted[k].store(track, std::memory_order_relaxed);
+  }
   std::vector<BatchRunner::ReadTask>& reads = read_tasks;
   pool.run(tasks.total(), workers, [&](size_t task) {
     const size_t k = tasks.request_of(task);

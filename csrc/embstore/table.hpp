@@ -17,14 +17,22 @@
 //
 // Errors: std::invalid_argument for bad input (thrown before anything changes),
 // CapacityError when a row is needed and none can be had (see docs/semantics.md).
+//
+// Checkpoints: a Snapshot (snapshot.hpp) copies the table out, shard by shard, as it was at
+// one instant while other threads keep calling every operation: writers call
+// snapshot_join() once per critical section and preserve() before changing a row of a shard
+// the snapshot has not written yet (copy-on-write of pre-images). import_rows() puts rows
+// back (a checkpoint load, or Table.import_).
 #pragma once
 
-#include <atomic>   // std::atomic
-#include <cstddef>  // size_t
-#include <cstdint>  // uint64_t, int64_t
-#include <memory>   // std::unique_ptr
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <atomic>              // std::atomic
+#include <condition_variable>  // std::condition_variable
+#include <cstddef>             // size_t
+#include <cstdint>             // uint64_t, int64_t
+#include <memory>              // std::unique_ptr
+#include <mutex>               // std::mutex
+#include <string>              // std::string
+#include <vector>              // std::vector
 
 #include "embstore/admission.hpp"  // CountMinSketch
 #include "embstore/arena.hpp"   // RowArena
@@ -55,6 +63,32 @@ struct RemovedRows {
   std::vector<float> rows;
   size_t width = 0;
 };
+
+// Pre-images of rows a pending snapshot has not written yet, preserved by the writer that
+// changes or removes them (see snapshot.hpp). Rows are kept in fixed chunks so a growing
+// buffer never copies what it holds while a shard lock is held.
+struct PreImages {
+  static constexpr size_t kChunkRows = 256;
+  std::vector<uint64_t> ids;
+  std::vector<uint32_t> steps;
+  std::vector<uint8_t> dirty;  // dirty when the snapshot began
+  std::vector<std::unique_ptr<float[]>> chunks;
+  size_t width = 0;    // floats per row (weights + optimizer state)
+  size_t emitted = 0;  // pre-images [0, emitted) already copied out
+
+  size_t size() const noexcept { return ids.size(); }
+  void add(uint64_t id, uint32_t step, bool was_dirty, const float* row);
+  const float* row(size_t k) const noexcept {
+    return chunks[k / kChunkRows].get() + (k % kChunkRows) * width;
+  }
+  void clear() noexcept;  // frees the memory
+};
+
+// How import_rows treats rows: kRestore fills a fresh table from a checkpoint (never evicts:
+// a row whose shard has no free row is skipped; rows are clean and count as checkpointed);
+// kUpsert inserts or overwrites like an insert (CLOCK may evict; CapacityError when no row
+// can be had; rows are dirty).
+enum class ImportMode : uint8_t { kRestore = 0, kUpsert = 1 };
 
 // One table's part of a pooled lookup: out[b] = sum (or mean) of rows of keys in bag b.
 struct LookupSumRequest {
@@ -139,11 +173,54 @@ class Table {
   // Evicted rows waiting for drain_evicted (a lock-free hint: 0 means none).
   size_t evicted_pending() const noexcept { return staged_.load(std::memory_order_relaxed); }
 
+  // Whether set_step has ever been called (rows record their last step only from then on).
+  bool step_tracking() const noexcept { return track_steps_.load(std::memory_order_relaxed); }
+  // Floats per row in checkpoints and imports: the weights, then the optimizer state.
+  size_t row_width() const noexcept { return config_.dim + state_width(); }
+  // Inserts or overwrites rows: ids[i] gets rows[i * row_width(), +row_width()) and last step
+  // steps[i] (nullptr: the current step when step tracking is on, else 0). With kRestore,
+  // placed[i] (when given) says whether row i was stored; returns the rows stored. The rows
+  // of one shard are stored under its lock, in order (a repeated id: the last one wins).
+  size_t import_rows(const uint64_t* ids, size_t n, const float* rows, const uint32_t* steps,
+                     ImportMode mode, uint8_t* placed);
+  // The admission sketch counters of shard s (empty without admission), and their restore
+  // (false, and nothing changes, when the sizes differ).
+  std::vector<uint16_t> sketch_counters(size_t s);
+  bool restore_sketch(size_t s, const uint16_t* counters, size_t count);
+  // Records a duration into one of the table's latency histograms.
+  void record_latency(Timer t, uint64_t ns) noexcept {
+    if (metrics_enabled()) timer(t).record(ns);
+  }
+
  private:
   friend void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op);
   friend void apply_gradients_many(std::vector<ApplyRequest>& requests, Timer op);
   friend struct BatchRunner;
   friend struct ForkGuard;
+  friend class Snapshot;
+
+  // Under shard `sh`'s lock, once per critical section that may change rows: joins a
+  // snapshot that began since the shard last joined one. Returns whether writes to the shard
+  // must first preserve() the rows they change (one predictable branch per row write).
+  bool snapshot_join(Shard& sh) noexcept {
+    const uint64_t gen = snapshot_gen_.load(std::memory_order_acquire);
+    if (gen != sh.snapshot_gen()) {
+      sh.open_snapshot(gen, snapshot_bookkeeping_.load(std::memory_order_relaxed));
+    }
+    return sh.snapshot_pending();
+  }
+  // Preserves the pre-image of `row` of shard s (whose lock the caller holds, and whose
+  // snapshot is pending) unless the snapshot has it already or does not include it. Out of
+  // line, so the batch kernels' loops pay only the branch that guards the call.
+  __attribute__((noinline)) void preserve(size_t s, uint32_t row);
+  // A lookup of a present row records the current step (and marks the row dirty when that
+  // changes its last step); `cow` is snapshot_join's answer. Out of line: the lookup loop
+  // keeps its registers (only tables that use steps call it).
+  __attribute__((noinline)) void touch_step(size_t s, uint32_t row, uint32_t step, bool cow);
+  // Leaves snapshot `gen` in shard s (lock held) without writing it: drops its pre-images.
+  void abandon_snapshot_locked(size_t s, uint64_t gen);
+  // fork() child: forgets a snapshot a thread of the parent was writing.
+  void reset_snapshot_after_fork();
 
   size_t shard_of(uint64_t hash) const noexcept {
     return shard_shift_ == 64 ? 0 : static_cast<size_t>(hash >> shard_shift_);
@@ -180,6 +257,15 @@ class Table {
   alignas(64) std::atomic<uint64_t> read_hits_{0};
   std::atomic<uint64_t> read_misses_{0};
   alignas(64) TimerSet timers_;
+  // Checkpoints (snapshot.hpp). snapshot_gen_ counts snapshots begun; it changes only while
+  // snapshot_busy_ is held (one snapshot at a time), and writers read it under a shard lock.
+  std::atomic<uint64_t> snapshot_gen_{0};
+  std::atomic<bool> snapshot_bookkeeping_{false};
+  std::mutex snapshot_mutex_;  // guards snapshot_busy_ and active_gen_
+  std::condition_variable snapshot_cv_;
+  bool snapshot_busy_ = false;
+  uint64_t active_gen_ = 0;  // the running snapshot's generation, 0 when none
+  std::vector<PreImages> preimages_;  // per shard, guarded by its lock
 };
 
 }  // namespace embstore

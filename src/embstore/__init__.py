@@ -12,9 +12,10 @@ optimizer updates with per-shard locking and the GIL released.
 
 from __future__ import annotations
 
-from embstore import metrics
+from embstore import checkpoint, metrics
 from embstore._core import CapacityError
 from embstore.admission import CountFilter
+from embstore.checkpoint import CheckpointError
 from embstore.group import TableGroup
 from embstore.initializers import Normal, TruncatedNormal, Uniform, Zeros
 from embstore.optimizers import FTRL, SGD, Adagrad, Adam, RowWiseAdagrad
@@ -28,6 +29,7 @@ __all__ = [
     "Adagrad",
     "Adam",
     "CapacityError",
+    "CheckpointError",
     "CountFilter",
     "Normal",
     "RowWiseAdagrad",
@@ -37,5 +39,6 @@ __all__ = [
     "Uniform",
     "Zeros",
     "__version__",
+    "checkpoint",
     "metrics",
 ]

@@ -6,13 +6,14 @@ batch over its worker threads.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _core
+from embstore import _arrays, _core, _persist
 from embstore.table import Table
 
 __all__ = ["TableGroup"]
@@ -72,6 +73,23 @@ class TableGroup(Mapping[str, Table]):
     def _deliver_evicted(self, names: list[str]) -> None:
         for name in names:  # each table's on_evict, after the whole call (no locks held)
             self._tables[name]._deliver_evicted()
+
+    def save(self, directory: str | os.PathLike[str]) -> None:
+        """Checkpoint every table into ``directory`` (created if needed): one file per table
+        and a ``MANIFEST.json`` written last, atomically, that names them. A crash at any
+        moment leaves the previous group checkpoint in ``directory`` loadable; files of
+        older saves are removed once the new manifest is in place. Each table is a
+        point-in-time snapshot (see :meth:`Table.save`); the snapshots of all tables begin
+        back to back before any is written."""
+        _persist.save_group(self, directory)
+
+    @classmethod
+    def load(
+        cls, directory: str | os.PathLike[str], *, num_threads: int | None = None
+    ) -> TableGroup:
+        """The group saved in ``directory`` by :meth:`save` (``num_threads`` overrides every
+        table's). Raises :class:`~embstore.CheckpointError` if any file is bad."""
+        return _persist.load_group(directory, num_threads)
 
     def set_step(self, step: int) -> None:
         """``Table.set_step(step)`` on every table of the group."""

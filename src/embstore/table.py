@@ -8,14 +8,15 @@ Exact semantics: ``docs/semantics.md``.
 from __future__ import annotations
 
 import math
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _core, metrics
+from embstore import _arrays, _core, _persist, metrics
 from embstore.admission import CountFilter
 from embstore.initializers import Initializer, Normal, TruncatedNormal, Uniform, Zeros
 from embstore.optimizers import (
@@ -181,6 +182,11 @@ class Table:
             stage_evicted=on_evict is not None,
         )
         self._admission = admission
+        self._num_threads_arg = num_threads if num_threads is None else threads
+        # The id of this table's last committed checkpoint (or of the one it was loaded
+        # from): the parent of the next save_delta. Guarded by _checkpoint_lock.
+        self._checkpoint_id: str | None = None
+        self._checkpoint_lock = threading.Lock()
         self._on_evict = on_evict
         self._delivering = threading.local()
         self._dim = dim
@@ -312,6 +318,79 @@ class Table:
                     self._on_evict(batch["ids"], batch["rows"])
         finally:
             self._delivering.active = False
+
+    # -- persistence ------------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write a full checkpoint of the table to ``path``.
+
+        The file holds every row (ids, values, optimizer state, last step), the table's
+        configuration (dim, capacity, shards, optimizer with its current settings,
+        initializer, admission filter and its counters, current step) and a format version
+        (see ``docs/checkpoint.md``). It is written atomically (temporary file, fsync,
+        rename, directory fsync): a crash at any moment leaves the previous file at
+        ``path`` intact. Every section is checksummed.
+
+        Other threads may keep calling every operation meanwhile. The checkpoint is a
+        point-in-time snapshot of the whole table: each row is exactly as it was when
+        ``save`` began (values and optimizer state of the same moment; calls that returned
+        before are in it, calls that start after are not), shards are streamed one chunk
+        at a time and rows changed before they are written are copied aside first.
+        """
+        _persist.save(self, path, delta=False)
+
+    def save_delta(self, path: str | os.PathLike[str]) -> None:
+        """Write an incremental checkpoint: the rows changed since this table's previous
+        :meth:`save` or :meth:`save_delta` (or since it was loaded), and the ids removed
+        since then (erased, evicted by CLOCK or by :meth:`evict`). It records the id of
+        the checkpoint it follows; ``Table.load(base, deltas=[d1, d2, ...])`` applies a
+        chain. Same atomicity and point-in-time guarantee as :meth:`save`. Raises
+        :class:`~embstore.CheckpointError` if the table has no previous checkpoint.
+        """
+        _persist.save(self, path, delta=True)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        deltas: Sequence[str | os.PathLike[str]] = (),
+        *,
+        keep: str | None = None,
+        **overrides: Any,
+    ) -> Table:
+        """A new table from a full checkpoint and, in order, the deltas that follow it.
+
+        ``overrides``: ``capacity``, ``num_shards``, ``num_threads``, ``name``,
+        ``on_evict`` and ``eviction`` may differ from the saved table (rows are re-hashed);
+        any other keyword raises TypeError. If the rows do not fit the capacity,
+        :class:`~embstore.CapacityError` is raised, unless ``keep="recent"``: then the rows
+        with the largest last step are kept (ties in file order), and the table starts no
+        delta chain (its next :meth:`save_delta` needs a :meth:`save` first).
+
+        Every file is checked completely (checksums, header, chain order and parents)
+        while loading; any problem raises :class:`~embstore.CheckpointError` naming the
+        file and no table is returned. The admission counters are restored when the shard
+        count is unchanged (else they start empty). The CLOCK ring starts in file order
+        with every reference bit set.
+        """
+        return _persist.load(path, deltas, dict(overrides), keep)
+
+    def export(self) -> dict[str, np.ndarray]:
+        """Every row as numpy arrays: ``ids`` (uint64 ``[n]``), ``values`` (float32
+        ``[n, dim]``), one entry per optimizer state (:meth:`state_names`; Adam's ``step``
+        is uint32) and ``last_step`` (uint32). A point-in-time copy, as :meth:`save`."""
+        return _persist.export(self)
+
+    def import_(self, data: Mapping[str, Any]) -> int:
+        """Insert or overwrite rows from a dict shaped like :meth:`export`'s result.
+
+        ``ids`` and ``values`` are required; the optimizer state entries are all given or
+        all left out (rows then get fresh state, as a new id does); ``last_step`` defaults
+        to the current step. Everything is validated (names, dtypes, shapes, finite
+        values, distinct ids) before the table changes. New ids take rows as an insert
+        does (CLOCK may evict; ``CapacityError`` with ``eviction="none"`` when full).
+        Returns the number of rows written.
+        """
+        return _persist.import_(self, data)
 
     @property
     def initializer(self) -> Initializer:
