@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -216,8 +217,16 @@ def test_default_shards_follow_the_saved_table_and_threads_the_machine(tmp_path:
     assert checkpoint.read_header(tmp_path / "d.ckpt")["table"]["num_threads"] is None
     u = embstore.Table.load(tmp_path / "d.ckpt")
     assert u.num_shards == t.num_shards and u.num_threads == t.num_threads
-    # A capacity below the saved shard count lets the table choose its shards.
+    # A capacity below the saved shard count lets the table choose its shards; an explicit
+    # num_shards is never ignored.
     assert embstore.Table.load(tmp_path / "d.ckpt", capacity=4).num_shards == 1
+    with pytest.raises(ValueError, match="num_shards"):
+        embstore.Table.load(tmp_path / "d.ckpt", capacity=4, num_shards=8)
+    # An automatic name is not pinned: the loaded table gets its own (a group renames it).
+    assert checkpoint.read_header(tmp_path / "d.ckpt")["table"]["name"] is None
+    assert u.name != t.name
+    g = embstore.TableGroup({"users": embstore.Table.load(tmp_path / "d.ckpt")})
+    assert g["users"].name == "users"
 
 
 def test_admission_counters_survive_when_shards_match(tmp_path: Path) -> None:
@@ -755,3 +764,39 @@ def test_a_load_that_fails_midway_stops_its_reader_thread(
         embstore.Table.load(tmp_path / "b")
     names = [th.name for th in threading.enumerate()]
     assert "embstore-checkpoint-reader" not in names
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+def test_a_fork_during_a_save_leaves_the_child_a_usable_table(tmp_path: Path) -> None:
+    """The child of a fork taken while a snapshot is open (another thread saving) forgets
+    that snapshot: it can save, load and train; the parent's snapshot goes on."""
+    t = embstore.Table(dim=2, capacity=1000, num_shards=4, optimizer=embstore.SGD(lr=0.1))
+    t.lookup(np.arange(300))
+    t.save(tmp_path / "base")
+    t.apply_gradients(np.arange(10), np.ones((10, 2), np.float32))
+    snap = embstore._core.begin_snapshot(t._live(), 1)  # a delta in progress
+    ids = np.empty(16, np.uint64)
+    rows = np.empty((16, 2), np.float32)
+    steps = np.empty(16, np.uint32)
+    snap.next(0, ids, rows, steps)
+    with warnings.catch_warnings():  # Python >= 3.12 warns about fork with threads running
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if everything works
+        code = 1
+        try:
+            t.apply_gradients(np.arange(5), np.ones((5, 2), np.float32))
+            t.save_delta(tmp_path / "child.delta")
+            u = embstore.Table.load(tmp_path / "base", [tmp_path / "child.delta"])
+            e1, e2 = sorted_export(t), sorted_export(u)
+            code = 0 if all(np.array_equal(e1[k], e2[k]) for k in e1) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    for s in range(4):
+        while not snap.done(s):
+            snap.next(s, ids, rows, steps)
+    snap.abort()
+    t.save_delta(tmp_path / "parent.delta")
+    assert sorted(checkpoint.read(tmp_path / "parent.delta")["ids"].tolist()) == list(range(10))

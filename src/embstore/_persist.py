@@ -74,7 +74,7 @@ def table_config(table: Table, step: int, step_tracking: bool) -> dict[str, Any]
     """The ``table`` entry of a checkpoint header."""
     adm = table.admission
     return {
-        "name": table.name,
+        "name": table.name if table._name_given else None,  # None: an automatic name
         "dim": table.dim,
         "capacity": table.capacity,
         "num_shards": table.num_shards,
@@ -131,7 +131,9 @@ class _Config:
         h = r.header
         try:
             t = h["table"]
-            self.name = t["name"]
+            self.name: str | None = t["name"]
+            if self.name is not None and not isinstance(self.name, str):
+                raise TypeError("name")
             self.dim = int(t["dim"])
             self.capacity = int(t["capacity"])
             self.num_shards = int(t["num_shards"])
@@ -720,7 +722,7 @@ def load(
             raise _core.CapacityError(msg)
         if num_shards is None:
             num_shards = cfg.num_shards
-        if int(num_shards) > int(capacity):
+        if "num_shards" not in overrides and int(num_shards) > int(capacity):
             num_shards = None  # a small capacity override: let the table choose
         table = Table(
             dim=cfg.dim,
