@@ -12,8 +12,10 @@
 // docs/semantics.md.
 //
 // Thread safety: every public method may be called from any number of threads at once.
-// Reads are row-consistent: a row is copied out under its shard lock, so it is never
-// half-updated nor another id's row. There is no table-wide lock.
+// Reads are row-consistent: lookups read rows without locks and validate them with the
+// shard's seqlock version (redoing under the lock a read that raced a writer), so a row is
+// never half-updated nor another id's row. Writers take each shard's lock once per batch.
+// There is no table-wide lock.
 //
 // Errors: std::invalid_argument for bad input (thrown before anything changes),
 // CapacityError when a row is needed and none can be had (see docs/semantics.md).

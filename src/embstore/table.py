@@ -97,9 +97,11 @@ class Table:
 
     Notes
     -----
-    Thread safety: every method may be called from any number of threads at once. Each
-    shard is locked once per batch; reads are row-consistent (never half-updated, never
-    another id's row). Results are bitwise identical for any ``num_threads``.
+    Thread safety: every method may be called from any number of threads at once. Writers
+    lock each shard once per batch; lookups read without locks (a per-shard seqlock
+    validates each row read) unless they must insert; reads are row-consistent (never
+    half-updated, never another id's row). Results are bitwise identical for any
+    ``num_threads``.
     """
 
     def __init__(
