@@ -100,18 +100,24 @@ uint32_t Shard::claim_unused_row() noexcept {
 uint32_t Shard::clock_victim() noexcept {
   if (used_ == 0) return kNoRow;
   // Two sweeps clear every reference bit, so a third finding nothing means all are pinned.
+  // Lock-free lookups set reference bits without the lock, so while they run they can set
+  // bits again behind the hand; then the first evictable row of the sweep is taken rather
+  // than failing (alone, the sweep always finds a clear bit first: exact CLOCK).
   const uint64_t max_steps = 2 * static_cast<uint64_t>(used_) + 1;
+  uint32_t first_evictable = kNoRow;
   for (uint64_t step = 0; step < max_steps; ++step) {
     const uint32_t row = hand_;
     hand_ = hand_ + 1 == used_ ? 0 : hand_ + 1;
     if (!occupied(row) || meta(row).aux != kNoRow) continue;  // free or pinned
+    if (first_evictable == kNoRow) first_evictable = row;
     if (referenced(row)) {
       unreference(row);
       continue;
     }
     return row;
   }
-  return kNoRow;
+  if (first_evictable != kNoRow) hand_ = first_evictable + 1 == used_ ? 0 : first_evictable + 1;
+  return first_evictable;
 }
 
 void Shard::evict(uint32_t row) {
