@@ -292,3 +292,19 @@ def test_periodic_report_covers_each_interval_only(tmp_path: Path) -> None:
     assert counts()["lookup"] == 1  # what came after the reset
     assert t.stats()["latency"]["lookup"]["count"] == 1
     t.close()
+
+
+def test_waiting_for_workers_is_timed() -> None:
+    """A batch split over helper threads records ``stage.wait`` (the caller waiting for
+    helpers after its own tasks), never more than the whole call."""
+    t = embstore.Table(dim=8, capacity=100_000, num_threads=2, name="waits")
+    keys = np.arange(50_000, dtype=np.uint64)
+    for _ in range(5):
+        t.lookup_sum(keys, np.arange(0, 50_001, 8))
+        t.apply_gradients(keys[:8192], np.ones((8192, 8), np.float32))
+    lat = t.stats()["latency"]
+    assert lat["stage.wait"]["count"] >= 1
+    assert lat["stage.wait"]["max_us"] <= max(
+        lat["lookup_sum"]["max_us"], lat["apply_gradients"]["max_us"]
+    )
+    t.close()

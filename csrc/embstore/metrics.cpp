@@ -126,6 +126,7 @@ const char* timer_name(Timer t) noexcept {
     case Timer::kStageLockedGather: return "stage.locked_gather";
     case Timer::kStagePool: return "stage.pool";
     case Timer::kStageUpdate: return "stage.update";
+    case Timer::kStageWait: return "stage.wait";
     case Timer::kCount: break;
   }
   return "?";

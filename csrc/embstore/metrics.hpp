@@ -76,6 +76,7 @@ enum class Timer : uint8_t {
   kStageLockedGather,  // lookups that insert (or raced): rows copied under the shard locks
   kStagePool,      // ... and their per-bag sums
   kStageUpdate,    // apply: duplicate sums + fused optimizer, under the shard locks
+  kStageWait,      // the caller waiting for helper threads after its own tasks (imbalance)
   kCount
 };
 const char* timer_name(Timer t) noexcept;

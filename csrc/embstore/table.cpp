@@ -159,8 +159,15 @@ struct TaskSpace {
 class StageClock {
  public:
   StageClock() : on_(metrics_enabled()) {
-    if (on_) start_ = last_ = std::chrono::steady_clock::now();
+    if (!on_) return;
+    start_ = last_ = std::chrono::steady_clock::now();
+    ThreadPool::set_wait_sink(&ns_[static_cast<size_t>(Timer::kStageWait)]);
   }
+  ~StageClock() {
+    if (on_) ThreadPool::set_wait_sink(nullptr);
+  }
+  StageClock(const StageClock&) = delete;
+  StageClock& operator=(const StageClock&) = delete;
   void lap(Timer stage) {
     if (!on_) return;
     const auto now = std::chrono::steady_clock::now();

@@ -1,5 +1,7 @@
 #include "embstore/thread_pool.hpp"
 
+#include <chrono>  // std::chrono::steady_clock
+
 #include <algorithm>  // std::find, std::max, std::min
 #include <new>        // placement new
 
@@ -109,6 +111,12 @@ void ThreadPool::helper_loop() {
   }
 }
 
+namespace {
+thread_local uint64_t* wait_sink = nullptr;
+}  // namespace
+
+void ThreadPool::set_wait_sink(uint64_t* ns) noexcept { wait_sink = ns; }
+
 void ThreadPool::run(size_t num_tasks, size_t max_workers,
                      const std::function<void(size_t)>& body) {
   if (num_tasks == 0) return;
@@ -136,11 +144,18 @@ void ThreadPool::run(size_t num_tasks, size_t max_workers,
     work_cv_.notify_all();
   }
   work_on(job);
+  const auto finished = wait_sink != nullptr ? std::chrono::steady_clock::now()
+                                             : std::chrono::steady_clock::time_point{};
   {
     std::unique_lock<std::mutex> lock(mutex_);
     auto it = std::find(queue_.begin(), queue_.end(), &job);
     if (it != queue_.end()) queue_.erase(it);  // no helper may join from now on
     job.helpers_done.wait(lock, [&job] { return job.helpers_active == 0; });
+  }
+  if (wait_sink != nullptr) {
+    *wait_sink += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            std::chrono::steady_clock::now() - finished)
+                                            .count());
   }
   if (job.error) std::rethrow_exception(job.error);
 }

@@ -16,7 +16,8 @@
 
 #include <atomic>              // std::atomic
 #include <condition_variable>  // std::condition_variable
-#include <cstddef>             // size_t
+#include <cstddef>
+#include <cstdint>  // uint64_t             // size_t
 #include <deque>               // std::deque
 #include <exception>           // std::exception_ptr
 #include <functional>          // std::function
@@ -42,6 +43,10 @@ class ThreadPool {
   // Runs body(task) for every task in [0, num_tasks) on the caller and at most
   // `max_workers - 1` helpers; returns when all are done. Rethrows a task's exception.
   void run(size_t num_tasks, size_t max_workers, const std::function<void(size_t)>& body);
+
+  // While set (per calling thread), run() adds to *ns the time the caller spent waiting
+  // for helpers after it ran out of tasks (load imbalance). nullptr: nothing is timed.
+  static void set_wait_sink(uint64_t* ns) noexcept;
 
   // The machine's hardware threads (at least 1).
   static size_t hardware_threads() noexcept;

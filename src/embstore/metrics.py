@@ -7,7 +7,8 @@ Latency: each table records, for every call, the duration of the operation (``lo
 sums; ``stage.plan``: grouping ids by shard; ``stage.locked_gather`` and ``stage.pool``: a
 lookup that must insert (or raced with a writer, or tracks steps) redone under the shard
 locks, then pooled; ``stage.update``: apply's duplicate sums + fused optimizer under the
-shard locks), and of checkpoints (``save``: a save or save_delta from its start to the file
+shard locks; ``stage.wait``: the time the calling thread spent waiting for helper threads
+after running out of tasks, summed over the call's stages: load imbalance), and of checkpoints (``save``: a save or save_delta from its start to the file
 being durable; ``load``: a Table.load). A :class:`~embstore.TableGroup` call records its whole duration
 into every table it touches, as ``group.lookup_sum`` / ``group.apply_gradients``. ``Table.stats()["latency"]`` maps each recorded name to
 ``{"count", "p50_us", "p95_us", "p99_us", "max_us", "mean_us"}``. Recording is lock-free
