@@ -28,8 +28,8 @@
 //    accumulator while an apply batch holds the lock (a non-empty aux pins the row).
 //  - `last_step` is the table step (Table::set_step) at which the row was last looked up or
 //    updated; it is written only once a step has been set, so tables that never use steps
-//    pay no extra cache miss per id. Lock-free readers write it, so it (like the reference
-//    bits) is accessed with relaxed atomic operations.
+//    pay no extra cache miss per id. It is written only under the shard lock (tables that
+//    track steps read on the locked path); `touch`/`last_step` use relaxed atomics anyway.
 //
 // Checkpoint state (driven by Table and Snapshot, see snapshot.hpp): which snapshot the shard
 // has joined, whether that snapshot still has to write it (`snapshot_pending`: writers then
@@ -178,7 +178,10 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
     const Slot* slots = slots_.get();
     uint32_t pos = home(hash);
     for (uint32_t steps = 0; steps < num_slots_; ++steps) {
-      const uint32_t rp1 = slots[pos].row_plus1;
+      // The row is loaded once (a relaxed atomic: free on x86), so the bounds-checked value
+      // is the one returned even if a writer changes the slot meanwhile; a torn id only
+      // fails the seqlock check later.
+      const uint32_t rp1 = __atomic_load_n(&slots[pos].row_plus1, __ATOMIC_RELAXED);
       if (rp1 == 0) return kNoRow;
       if (slots[pos].id == id) return rp1 - 1 < num_rows_ ? rp1 - 1 : kRetry;
       pos = next(pos);

@@ -37,9 +37,14 @@ size_t Snapshot::next(size_t s, uint64_t* ids, float* rows, uint32_t* steps, siz
     throw std::out_of_range("shard " + std::to_string(s) + " out of range");
   }
   if (!active()) throw std::logic_error("the snapshot is finished");
-  if (done_[s]) return 0;
   Shard& sh = *t_.shards_[s];
   const auto lock = sh.lock();
+  if (done_[s]) return 0;  // read under the lock: another thread may be finishing it
+  // An abort on another thread abandoned this shard (same generation, nothing pending):
+  // writing it again would hand its removed-ids log to a dead snapshot.
+  if (sh.snapshot_gen() == gen_ && !sh.snapshot_pending()) {
+    throw std::logic_error("the snapshot was aborted");
+  }
   if (sh.snapshot_gen() != gen_) sh.open_snapshot(gen_, mode_ != SnapshotMode::kExport);
   const bool delta = mode_ == SnapshotMode::kDelta;
   const bool bookkeeping = mode_ != SnapshotMode::kExport;

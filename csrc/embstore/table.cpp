@@ -880,6 +880,9 @@ void Table::lookup(const uint64_t* keys, size_t n, bool insert, float* out) {
 
 void Table::lookup_sum(const uint64_t* keys, size_t n, const int64_t* offsets, size_t num_bags,
                        const float* weights, PoolMode mode, bool insert, float* out) {
+  if (offsets == nullptr && (weights != nullptr || mode != PoolMode::kSum)) {
+    throw std::invalid_argument("lookup_sum: weights and mean pooling need offsets");
+  }
   std::vector<LookupSumRequest> one{
       LookupSumRequest{this, keys, n, offsets, num_bags, weights, mode, insert, out, {}}};
   lookup_sum_many(one);
