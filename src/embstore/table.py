@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _core, _persist, metrics
+from embstore import _arrays, _core, _persist, checkpoint, metrics
 from embstore.admission import CountFilter
 from embstore.initializers import Initializer, Normal, TruncatedNormal, Uniform, Zeros
 from embstore.optimizers import (
@@ -290,20 +290,10 @@ class Table:
     def _split_rows(
         self, ids: npt.NDArray[np.uint64], rows: npt.NDArray[np.float32], *, with_state: bool
     ) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {
-            "ids": ids,
-            "values": np.ascontiguousarray(rows[:, : self._dim]),
-        }
         if not with_state:
-            return out
-        col = self._dim
-        for name, width, dtype in state_layout(self._optimizer, self._dim):
-            part = np.ascontiguousarray(rows[:, col : col + width])
-            if dtype == "uint32":
-                part = part.view(np.uint32)
-            out[name] = part[:, 0] if width == 1 else part
-            col += width
-        return out
+            return {"ids": ids, "values": np.ascontiguousarray(rows[:, : self._dim])}
+        layout = state_layout(self._optimizer, self._dim)
+        return {"ids": ids, **checkpoint.split_rows(rows, self._dim, layout)}
 
     def _deliver_evicted(self) -> None:
         """Hand rows CLOCK evicted to ``on_evict`` (after a call that may insert)."""
