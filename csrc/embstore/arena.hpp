@@ -108,6 +108,21 @@ class RowArena {
   LargeBuffer buffer_;
 };
 
+// A typed view of memory owned elsewhere (a shard's slice of its table's index buffer).
+template <typename T>
+class BufferSlice {
+ public:
+  BufferSlice() = default;
+  BufferSlice(void* data, size_t n) : data_(static_cast<T*>(data)), n_(n) {}
+  T* get() noexcept { return data_; }
+  const T* get() const noexcept { return data_; }
+  size_t size() const noexcept { return n_; }
+
+ private:
+  T* data_ = nullptr;
+  size_t n_ = 0;
+};
+
 template <typename T>
 class ZeroedBuffer {
  public:

@@ -12,15 +12,26 @@ uint32_t slots_for(uint32_t rows) noexcept {
   return static_cast<uint32_t>(n);
 }
 
+size_t round_to_line(size_t bytes) noexcept {
+  return (bytes + kCacheLine - 1) / kCacheLine * kCacheLine;
+}
+
 }  // namespace
 
-Shard::Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota)
+size_t Shard::index_bytes(uint32_t num_rows) noexcept {
+  return round_to_line(size_t{slots_for(num_rows)} * sizeof(Slot)) +
+         round_to_line(size_t{num_rows} * sizeof(RowMeta));
+}
+
+Shard::Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota, void* memory)
     : first_row_(first_row),
       num_rows_(num_rows),
       quota_(quota),
       num_slots_(slots_for(num_rows)),
-      slots_(slots_for(num_rows)),
-      meta_(num_rows),
+      own_memory_(memory == nullptr ? LargeBuffer(index_bytes(num_rows)) : LargeBuffer()),
+      slots_(memory != nullptr ? memory : own_memory_.data(), num_slots_),
+      meta_(reinterpret_cast<char*>(slots_.get()) + round_to_line(size_t{num_slots_} * sizeof(Slot)),
+            num_rows),
       ref_bits_(num_rows),
       occupied_(num_rows),
       dirty_(num_rows),

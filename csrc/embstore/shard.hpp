@@ -90,6 +90,7 @@ static_assert(sizeof(RowMeta) == 16, "RowMeta is 16 bytes");
 struct ShardCounters {
   std::atomic<uint64_t> hits{0}, misses{0}, inserts{0}, evictions{0}, erased{0};
   std::atomic<uint64_t> admitted{0}, rejected{0};  // admission filter decisions
+  std::atomic<uint64_t> reused{0};  // applied ids whose row a lookup's resolution gave
   std::atomic<uint64_t> lock_waits{0}, lock_wait_ns{0};  // acquisitions that had to block
   std::atomic<uint32_t> claimed_rows{0};  // rows ever claimed (used_), readable without the lock
   std::atomic<uint32_t> size{0};
@@ -144,7 +145,13 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
  public:
   // `first_row`: this shard's first row in the table arena; `num_rows`: rows it may own;
   // `quota`: rows it may always hold (more only by borrowing from the table's pool).
-  Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota);
+  // `memory`: index_bytes(num_rows) zeroed, 64-byte aligned bytes for its index and row
+  // metadata, or nullptr to allocate its own. A table carves all its shards' memory from one
+  // huge-page mapping: per-shard allocations (a few hundred KiB each) get 4 KiB pages, and
+  // then nearly every probe of a large table also missed the TLB.
+  Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota, void* memory = nullptr);
+  // Bytes of index and metadata a shard of `num_rows` rows needs (a multiple of 64).
+  static size_t index_bytes(uint32_t num_rows) noexcept;
 
   std::mutex& mutex() noexcept { return mutex_; }
 
@@ -365,8 +372,9 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   uint32_t used_ = 0;  // rows [0, used_) have been claimed at least once: the CLOCK ring
   uint32_t hand_ = 0;
   uint32_t free_head_ = kNoRow;
-  ZeroedBuffer<Slot> slots_;
-  ZeroedBuffer<RowMeta> meta_;
+  LargeBuffer own_memory_;  // used only when the shard was given no memory
+  BufferSlice<Slot> slots_;
+  BufferSlice<RowMeta> meta_;
   AtomicBitmap ref_bits_;
   Bitmap occupied_;
   Bitmap dirty_;

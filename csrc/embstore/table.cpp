@@ -76,6 +76,7 @@ struct Workspace {
   std::vector<float> rows;            // (n, dim) gathered rows or gradient accumulators
   std::vector<uint32_t> unique_rows;  // (n) apply
   bool one_hot = false;               // every bag holds exactly one id
+  RowResolution resolution;           // a lookup's, to keep; or the one an apply took
 };
 
 std::vector<Workspace>& thread_workspaces(size_t count) {
@@ -201,7 +202,9 @@ class StageClock {
 // Internal batch kernels; a friend of Table.
 struct BatchRunner {
   // Groups keys by shard (stable counting sort).
-  static void plan(const Table& t, const uint64_t* keys, size_t n, Workspace& ws) {
+  // `places`: the ids' shard << 32 | row from a reused resolution (no hashing), or nullptr.
+  static void plan(const Table& t, const uint64_t* keys, size_t n, Workspace& ws,
+                   const uint64_t* places = nullptr) {
     const size_t S = t.num_shards();
     ws.order.resize(n);
     ws.shard_begin.assign(S + 1, 0);
@@ -213,7 +216,7 @@ struct BatchRunner {
     ws.shard_ids.resize(n);
     ws.cursor.assign(S, 0);
     for (size_t i = 0; i < n; ++i) {
-      const size_t s = t.shard_of(mix64(keys[i]));
+      const size_t s = places != nullptr ? places[i] >> 32 : t.shard_of(mix64(keys[i]));
       ws.shard_ids[i] = static_cast<uint16_t>(s);
       ++ws.cursor[s];
     }
@@ -271,6 +274,8 @@ struct BatchRunner {
   // reference bit, last step) only when its whole request completed without the lock.
   struct ReadTask {
     std::vector<uint64_t> touched;
+    std::vector<uint64_t> versions;  // per shard, when the request inserts (see RowResolution)
+    size_t first_id = 0;
     uint64_t misses = 0;
   };
 
@@ -312,6 +317,9 @@ struct BatchRunner {
     Probe ring[kRing];
     task.touched.clear();
     task.misses = 0;
+    task.first_id = lo;
+    // A training lookup (insert) notes the shard versions it read, for the apply to reuse.
+    if (r.insert) task.versions.assign(t.num_shards(), RowResolution::kUnread);
     const auto probe = [&](size_t j) {
       const uint64_t id = r.keys[j];
       const uint64_t hash = mix64(id);
@@ -370,6 +378,7 @@ struct BatchRunner {
         ++task.misses;
       } else {
         task.touched.push_back(uint64_t{p.shard} << 32 | p.row);
+        if (r.insert) RowResolution::note(task.versions[p.shard], p.version);
       }
     }
     if (r.offsets != nullptr) {
@@ -502,7 +511,9 @@ struct BatchRunner {
 
   // Sums shard s's per-id gradients per distinct row (in order), then applies one optimizer
   // update per row. Rows of this batch are pinned (aux) so inserts cannot evict them.
-  // Pipelined like gather_shard: resolve id j (prefetching its metadata), accumulate id j-8.
+  // Pipelined like gather_shard: resolve id j (prefetching its metadata), accumulate id j-16.
+  // Ids resolve by probing the index, or from the training lookup's resolution when the
+  // call took one (ws.resolution) and the shard's version has not moved since it was read.
   // Note: pass 1 overwrites this shard's part of ws.order with the missing ids.
   static void apply_shard(Table& t, size_t s, const ApplyRequest& r, float lr, Workspace& ws) {
     const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
@@ -564,6 +575,11 @@ struct BatchRunner {
     };
     auto finish = [&](uint32_t q) { accumulate(pending[q % kRing], ring[q % kRing]); };
     const auto lock = sh.lock();
+    // The forward's rows are still this shard's if its version has not moved since.
+    const uint64_t* places =
+        ws.resolution.valid && ws.resolution.reusable(s, sh.read_begin())
+            ? ws.resolution.places.data()
+            : nullptr;
     const Shard::WriteScope writing(sh);
     const bool cow = t.snapshot_join(sh);  // checkpoint in progress: preserve before writing
     struct Unpin {  // runs on success and on CapacityError alike
@@ -580,10 +596,15 @@ struct BatchRunner {
     uint32_t* missing = ws.order.data() + b;  // reused in place: slots [b, j) are done
     uint32_t num_missing = 0;
     for (uint32_t j = b; j < e; ++j) {
-      if (j + kSlotAhead < e) sh.prefetch(mix64(r.keys[ws.order[j + kSlotAhead]]));
       const uint32_t i = ws.order[j];
-      const uint64_t id = r.keys[i];
-      const uint32_t row = sh.find(id, mix64(id));
+      uint32_t row;
+      if (places != nullptr) {
+        row = static_cast<uint32_t>(places[i]);
+      } else {
+        if (j + kSlotAhead < e) sh.prefetch(mix64(r.keys[ws.order[j + kSlotAhead]]));
+        const uint64_t id = r.keys[i];
+        row = sh.find(id, mix64(id));
+      }
       if (row == kNoRow) {
         // order[b + num_missing] is never ahead of order[j]: safe to overwrite.
         missing[num_missing++] = i;
@@ -595,6 +616,7 @@ struct BatchRunner {
       if (++resolved - done > kRowAhead) finish(done++);
     }
     while (done < resolved) finish(done++);
+    if (places != nullptr) ShardCounters::add(sh.counters.reused, e - b);
     // Pass 2: insert the missing ids in order (an id may recur: find again first). With an
     // admission filter, an id it has not admitted (by lookups) is not inserted and its
     // gradient is dropped; applies do not count sightings (a training step would count twice).
@@ -747,17 +769,38 @@ Table::Table(const TableConfig& config)
   for (PreImages& p : preimages_) p.width = row_width();
   const size_t stride = row_stride(config_.dim, embstore::state_width(config_.optimizer, config_.dim));
   arena_ = RowArena(total_rows, stride);
+  size_t index_bytes = 0;
+  for (size_t s = 0; s < S; ++s) index_bytes += Shard::index_bytes(rows[s]);
+  shard_index_ = LargeBuffer(index_bytes);  // one huge-page mapping for every shard's index
   shards_.reserve(S);
   size_t first = 0;
+  char* memory = static_cast<char*>(shard_index_.data());
   for (size_t s = 0; s < S; ++s) {
-    shards_.push_back(std::make_unique<Shard>(static_cast<uint32_t>(first), rows[s], quotas[s]));
+    shards_.push_back(
+        std::make_unique<Shard>(static_cast<uint32_t>(first), rows[s], quotas[s], memory));
     first += rows[s];
+    memory += Shard::index_bytes(rows[s]);
   }
   ThreadPool::global().ensure_helpers(config_.num_threads - 1);
   ForkGuard::add(this);
 }
 
 Table::~Table() { ForkGuard::remove(this); }
+
+bool Table::take_resolution(const uint64_t* keys, size_t n, RowResolution& r) {
+  {
+    std::lock_guard<std::mutex> lock(resolution_mutex_);
+    if (!resolution_.valid || resolution_.keys.size() != n) {
+      r.valid = false;
+      return false;
+    }
+    std::swap(resolution_, r);
+    resolution_.valid = false;
+  }
+  // Compared outside the lock: the taken resolution is this caller's alone now.
+  r.valid = n == 0 || std::memcmp(r.keys.data(), keys, n * sizeof(uint64_t)) == 0;
+  return r.valid;
+}
 
 void Table::set_step(uint64_t step) {
   if (step > 0xFFFFFFFFull) {
@@ -861,6 +904,7 @@ TableStats Table::stats() const {
     st.rejected += sh->counters.rejected.load(std::memory_order_relaxed);
     st.lock_waits += sh->counters.lock_waits.load(std::memory_order_relaxed);
     st.lock_wait_ns += sh->counters.lock_wait_ns.load(std::memory_order_relaxed);
+    st.reused_rows += sh->counters.reused.load(std::memory_order_relaxed);
     st.arena_bytes_in_use += static_cast<uint64_t>(sh->used_rows()) * arena_.stride() * sizeof(float);
     meta_and_index += sh->footprint_bytes();
   }
@@ -1208,6 +1252,25 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
       BatchRunner::commit_reads(*requests[k].table, reads[task]);
     }
   });
+  pool.run(R, workers, [&](size_t k) {  // training lookups leave their rows to the apply
+    const LookupSumRequest& r = requests[k];
+    if (!r.insert || aborted[k].load(std::memory_order_relaxed)) return;
+    RowResolution& res = spaces[k]->resolution;
+    res.keys.assign(r.keys, r.keys + r.n);
+    res.places.resize(r.n);
+    res.versions.assign(r.table->num_shards(), RowResolution::kUnread);
+    for (size_t task = tasks.begin[k]; task < tasks.begin[k + 1]; ++task) {
+      const BatchRunner::ReadTask& read = reads[task];
+      std::copy(read.touched.begin(), read.touched.end(), res.places.begin() + read.first_id);
+      for (size_t s = 0; s < res.versions.size(); ++s) {
+        if (read.versions[s] != RowResolution::kUnread) {
+          RowResolution::note(res.versions[s], read.versions[s]);
+        }
+      }
+    }
+    res.valid = true;
+    r.table->keep_resolution(res);
+  });
   clock.lap(Timer::kStageGather);
 
   // 3. Locked path for aborted requests: group ids by shard, copy rows under each shard's
@@ -1283,7 +1346,8 @@ void apply_gradients_many(std::vector<ApplyRequest>& requests, Timer op) {
   pool.run(R, workers, [&](size_t k) {
     const ApplyRequest& r = requests[k];
     Workspace& ws = *spaces[k];
-    BatchRunner::plan(*r.table, r.keys, r.n, ws);
+    const bool reuse = r.table->take_resolution(r.keys, r.n, ws.resolution);
+    BatchRunner::plan(*r.table, r.keys, r.n, ws, reuse ? ws.resolution.places.data() : nullptr);
     ws.rows.resize(r.n * r.table->dim());
     ws.unique_rows.resize(r.n);
     if (r.offsets != nullptr) {

@@ -41,6 +41,7 @@
 #include "embstore/config.hpp"   // TableConfig
 #include "embstore/metrics.hpp"  // TimerSet, Timer
 #include "embstore/shard.hpp"   // Shard
+#include "embstore/resolution.hpp"  // RowResolution
 
 namespace embstore {
 
@@ -52,6 +53,7 @@ struct TableStats {
   uint64_t admitted = 0, rejected = 0;        // admission filter: inserts it let through,
                                               // occurrences of ids it kept out
   uint64_t lock_waits = 0, lock_wait_ns = 0;  // shard-lock acquisitions that blocked
+  uint64_t reused_rows = 0;  // applied ids whose row came from the lookup before (no probe)
   uint64_t arena_bytes_in_use = 0;            // rows ever claimed x row bytes
   double bytes_per_row = 0;  // arena + metadata + index bytes per row of capacity
 };
@@ -238,10 +240,19 @@ class Table {
   bool try_borrow() noexcept;
   void give_back(size_t rows) noexcept { pool_.fetch_add(rows, std::memory_order_relaxed); }
   std::string no_row_message(uint64_t id, size_t shard_index) const;
+  // Keeps `r` (swapped in; `r` gets the previous buffers) as the last lookup's resolution.
+  void keep_resolution(RowResolution& r) {
+    std::lock_guard<std::mutex> lock(resolution_mutex_);
+    std::swap(resolution_, r);
+  }
+  // Takes the kept resolution into `r` if it resolved exactly `keys[0, n)`; returns whether
+  // it did. A taken resolution is used once.
+  bool take_resolution(const uint64_t* keys, size_t n, RowResolution& r);
 
   TableConfig config_;
   unsigned shard_shift_;  // 64 - log2(num_shards); 64 means one shard
   RowArena arena_;
+  LargeBuffer shard_index_;  // every shard's index and row metadata (outlives shards_)
   std::vector<std::unique_ptr<Shard>> shards_;
   // Rows of capacity not in any shard's quota, lent to shards that grow beyond theirs.
   // sum(quota) + pool_ + rows lent == capacity, so len(table) <= capacity always.
@@ -268,6 +279,10 @@ class Table {
   bool snapshot_busy_ = false;
   uint64_t active_gen_ = 0;  // the running snapshot's generation, 0 when none
   std::vector<PreImages> preimages_;  // per shard, guarded by its lock
+  // The last training lookup's resolution (resolution.hpp), handed over by swapping buffers
+  // (no allocation once warm); the mutex is taken once per call, never per id.
+  std::mutex resolution_mutex_;
+  RowResolution resolution_;
 };
 
 }  // namespace embstore

@@ -1685,6 +1685,43 @@ TEST_CASE(step_eviction_and_staging_concurrent) {
   CHECK(st.inserts - st.evictions - st.erased == t.size());
 }
 
+// A training step's apply reuses the rows its lookup resolved only while their shards are
+// unchanged: with another thread erasing and re-inserting some of the ids, id k (gradient
+// -(k + 1), SGD lr 1, zeros) must end with a whole multiple of k + 1 (an update that went
+// to a row the id no longer held would break that), all 300 steps' worth when never erased.
+TEST_CASE(reused_resolution_never_writes_a_row_its_id_left) {
+  Table t(config(2, 10000, 4, Eviction::kClock, sgd(1.0f), zeros(), 2));
+  Ids keys(256);
+  for (size_t k = 0; k < keys.size(); ++k) keys[k] = k;
+  Floats grads(keys.size() * 2);
+  for (size_t k = 0; k < keys.size(); ++k) grads[2 * k] = grads[2 * k + 1] = -float(k + 1);
+  Ids victims;
+  for (uint64_t k = 0; k < 256; k += 7) victims.push_back(k);
+  lookup(t, keys);
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    const Floats none(victims.size() * 2, 0.0f);
+    while (!stop.load()) {
+      t.erase(victims.data(), victims.size());
+      apply(t, victims, none);
+    }
+  });
+  for (int step = 0; step < 300; ++step) {
+    lookup(t, keys);
+    apply(t, keys, grads);
+  }
+  stop = true;
+  churn.join();
+  const Floats rows = lookup(t, keys, false);
+  for (size_t k = 0; k < keys.size(); ++k) {
+    const float steps = rows[2 * k] / float(k + 1);
+    CHECK(rows[2 * k] == rows[2 * k + 1]);
+    CHECK(steps == std::round(steps) && steps >= 0 && steps <= 300);
+    if (k % 7 != 0) CHECK(steps == 300);
+  }
+  CHECK(t.stats().reused_rows > 0);
+}
+
 // =======================================================================================
 // Checkpoint primitives: Snapshot (point-in-time, copy-on-write), import_rows
 // =======================================================================================
