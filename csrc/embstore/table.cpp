@@ -120,7 +120,22 @@ size_t validate_offsets(const int64_t* offsets, size_t num_bags, size_t n,
   return longest;
 }
 
+// Whether every float is finite: an exponent of all ones is Inf or NaN. Integer bit tests,
+// OR-reduced without an early exit, so the loop vectorises (the per-element isfinite loop
+// with a throw in it did not, and cost ~10% of a one-hot W1 step).
+bool all_finite(const float* x, size_t count) noexcept {
+  constexpr uint32_t kExponent = 0x7F800000u;
+  uint32_t bad = 0;
+  for (size_t k = 0; k < count; ++k) {
+    uint32_t bits;
+    std::memcpy(&bits, x + k, sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+  }
+  return bad == 0;
+}
+
 void validate_finite(const float* x, size_t count, const char* name, const std::string& label) {
+  if (all_finite(x, count)) return;
   for (size_t k = 0; k < count; ++k) {
     if (!std::isfinite(x[k])) {
       throw std::invalid_argument(prefix(label) + name + " must be finite: element " +
