@@ -1,5 +1,5 @@
 """Lookup, then apply: an apply reuses the rows its training lookup resolved (no index
-probe) only while their shards are unchanged, so every result equals the reference."""
+probe) for the ids those rows still hold, so every result equals the reference."""
 
 from __future__ import annotations
 
@@ -57,12 +57,29 @@ def test_group_step_reuses_rows_of_every_table() -> None:
     assert [t.stats()["reused_rows"] for t in tables.values()] == [50, 50]
 
 
-def test_lookup_that_inserts_leaves_nothing_to_reuse() -> None:
+def test_lookup_that_inserts_leaves_its_rows_too() -> None:
     t = Config(dim=2, num_shards=2).table()
     keys = u64([1, 2, 3])
-    t.lookup(keys)  # three inserts: the locked path
+    t.lookup(keys)  # three inserts: the locked path records their rows
     t.apply_gradients(keys, _grads(3, 2, 0))
-    assert t.stats()["reused_rows"] == 0
+    assert t.stats()["reused_rows"] == 3
+
+
+def test_a_row_that_changed_hands_is_probed() -> None:
+    """Id 5's row is freed and taken by id 8 between the lookup and the apply: the recorded
+    row no longer holds 5, so 5 is found (here: re-inserted) by probing, and 8 keeps its
+    own update. An apply of other keys leaves the kept resolution in place."""
+    t, ref = Config(dim=2, num_shards=1).pair()
+    keys = u64([5, 6, 7])
+    for side in (t, ref):
+        side.lookup(keys)
+        side.erase(u64([5]))
+        side.apply_gradients(u64([8]), _grads(1, 2, 3))  # takes 5's freed row
+    g = _grads(3, 2, 0)
+    t.apply_gradients(keys, g)
+    ref.apply_gradients(keys, g)
+    assert t.stats()["reused_rows"] == 2
+    assert_same_state(t, ref, [5, 6, 7, 8])
 
 
 def test_changed_keys_are_probed() -> None:

@@ -1,12 +1,13 @@
 // File: embstore/resolution.hpp
 //
-// RowResolution: where a training lookup (insert=True, lock-free path) found each of its ids -
-// shard and row - and the shard versions its reads saw. A trainer's backward applies
-// gradients to exactly the ids its forward looked up, so the table keeps the last such
-// resolution and the next apply_gradients of the same keys reuses it, for every shard whose
-// version has not moved since: no hashing and no index probe (a cache miss per id) in the
-// backward. A shard whose version moved (any write to its index or rows) is probed as usual,
-// so reuse never changes a result.
+// RowResolution: where a training lookup (insert=True) found or put each of its ids - shard
+// and row. A trainer's backward applies gradients to exactly the ids its forward looked up,
+// so the table keeps the last such resolution and the next apply_gradients of the same keys
+// takes it: for each id it checks, under the shard lock, that the recorded row still holds
+// that id (occupied, and its metadata names the id - the metadata line the apply reads
+// anyway to sum duplicates) and uses it without hashing or probing the index (a cache miss
+// per id). A row that changed hands since (evicted, erased, reused) fails the check and the
+// id is probed as usual, so reuse never changes a result.
 #pragma once
 
 #include <cstdint>  // uint64_t
@@ -15,22 +16,15 @@
 namespace embstore {
 
 struct RowResolution {
-  // Version markers that never equal a stable (even) shard version.
-  static constexpr uint64_t kUnread = ~uint64_t{0};        // no read of the shard
-  static constexpr uint64_t kConflict = ~uint64_t{0} - 2;  // reads saw different versions
+  static constexpr uint64_t kUnresolved = ~uint64_t{0};  // no row recorded: probe
 
-  std::vector<uint64_t> keys;      // the lookup's ids, in order
-  std::vector<uint64_t> places;    // per id: shard << 32 | shard-local row
-  std::vector<uint64_t> versions;  // per shard: the version every read of it saw
+  std::vector<uint64_t> keys;    // the lookup's ids, in order
+  std::vector<uint64_t> places;  // per id: shard << 32 | shard-local row, or kUnresolved
   bool valid = false;
 
-  // Merges `version`, seen by a read of a shard, into that shard's entry.
-  static void note(uint64_t& entry, uint64_t version) noexcept {
-    if (entry != version) entry = entry == kUnread ? version : kConflict;
+  static uint64_t place(size_t shard, uint32_t row) noexcept {
+    return static_cast<uint64_t>(shard) << 32 | row;
   }
-  // Whether the rows of shard s may be reused now that its version is `current` (even:
-  // read under the shard lock).
-  bool reusable(size_t s, uint64_t current) const noexcept { return versions[s] == current; }
 };
 
 }  // namespace embstore

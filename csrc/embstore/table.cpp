@@ -231,7 +231,9 @@ struct BatchRunner {
     ws.shard_ids.resize(n);
     ws.cursor.assign(S, 0);
     for (size_t i = 0; i < n; ++i) {
-      const size_t s = places != nullptr ? places[i] >> 32 : t.shard_of(mix64(keys[i]));
+      const size_t s = places != nullptr && places[i] != RowResolution::kUnresolved
+                           ? places[i] >> 32
+                           : t.shard_of(mix64(keys[i]));
       ws.shard_ids[i] = static_cast<uint16_t>(s);
       ++ws.cursor[s];
     }
@@ -289,7 +291,6 @@ struct BatchRunner {
   // reference bit, last step) only when its whole request completed without the lock.
   struct ReadTask {
     std::vector<uint64_t> touched;
-    std::vector<uint64_t> versions;  // per shard, when the request inserts (see RowResolution)
     size_t first_id = 0;
     uint64_t misses = 0;
   };
@@ -333,8 +334,6 @@ struct BatchRunner {
     task.touched.clear();
     task.misses = 0;
     task.first_id = lo;
-    // A training lookup (insert) notes the shard versions it read, for the apply to reuse.
-    if (r.insert) task.versions.assign(t.num_shards(), RowResolution::kUnread);
     const auto probe = [&](size_t j) {
       const uint64_t id = r.keys[j];
       const uint64_t hash = mix64(id);
@@ -392,8 +391,7 @@ struct BatchRunner {
       if (p.row == kNoRow) {
         ++task.misses;
       } else {
-        task.touched.push_back(uint64_t{p.shard} << 32 | p.row);
-        if (r.insert) RowResolution::note(task.versions[p.shard], p.version);
+        task.touched.push_back(RowResolution::place(p.shard, p.row));
       }
     }
     if (r.offsets != nullptr) {
@@ -421,8 +419,10 @@ struct BatchRunner {
   // the pending copies are drained, so an eviction can never take a row still to be copied.
   // `pooled`: dst is a one-id-per-bag pooled output, so each value is 0 + w * row exactly as
   // the pooling spec sums (this turns a -0 row element into +0, like a numpy sum would).
+  // `places`: where to record each id's row (RowResolution), or nullptr.
   static void gather_shard(Table& t, size_t s, const uint64_t* keys, const Workspace& ws,
-                           bool insert, const float* weights, bool pooled, float* dst) {
+                           bool insert, const float* weights, bool pooled, float* dst,
+                           uint64_t* places) {
     const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
     if (b == e) return;
     const size_t dim = t.dim();
@@ -480,6 +480,9 @@ struct BatchRunner {
         }
       }
       ring[j % kRing] = row;
+      if (places != nullptr) {
+        places[ws.order[j]] = row == kNoRow ? RowResolution::kUnresolved : RowResolution::place(s, row);
+      }
       if (row != kNoRow) prefetch_lines(t.row_ptr(sh, row), dim * sizeof(float));
       if (j - done >= kRowAhead) finish(done++);
     }
@@ -590,11 +593,8 @@ struct BatchRunner {
     };
     auto finish = [&](uint32_t q) { accumulate(pending[q % kRing], ring[q % kRing]); };
     const auto lock = sh.lock();
-    // The forward's rows are still this shard's if its version has not moved since.
-    const uint64_t* places =
-        ws.resolution.valid && ws.resolution.reusable(s, sh.read_begin())
-            ? ws.resolution.places.data()
-            : nullptr;
+    const uint64_t* places = ws.resolution.valid ? ws.resolution.places.data() : nullptr;
+    uint64_t reused = 0;
     const Shard::WriteScope writing(sh);
     const bool cow = t.snapshot_join(sh);  // checkpoint in progress: preserve before writing
     struct Unpin {  // runs on success and on CapacityError alike
@@ -612,12 +612,28 @@ struct BatchRunner {
     uint32_t num_missing = 0;
     for (uint32_t j = b; j < e; ++j) {
       const uint32_t i = ws.order[j];
-      uint32_t row;
+      const uint64_t id = r.keys[i];
+      uint32_t row = kNoRow;
       if (places != nullptr) {
-        row = static_cast<uint32_t>(places[i]);
+        // The lookup's row, if it still holds the id (its metadata line is prefetched
+        // kRowAhead ids ahead; accumulate reads it anyway).
+        if (j + kRowAhead < e) {
+          const uint64_t ahead = places[ws.order[j + kRowAhead]];
+          if (ahead != RowResolution::kUnresolved) {
+            __builtin_prefetch(&sh.meta(static_cast<uint32_t>(ahead)));
+          }
+        }
+        const uint64_t place = places[i];
+        if (place != RowResolution::kUnresolved) {
+          const uint32_t recorded = static_cast<uint32_t>(place);
+          if (sh.occupied(recorded) && sh.meta(recorded).id == id) {
+            row = recorded;
+            ++reused;
+          }
+        }
+        if (row == kNoRow) row = sh.find(id, mix64(id));
       } else {
         if (j + kSlotAhead < e) sh.prefetch(mix64(r.keys[ws.order[j + kSlotAhead]]));
-        const uint64_t id = r.keys[i];
         row = sh.find(id, mix64(id));
       }
       if (row == kNoRow) {
@@ -631,7 +647,7 @@ struct BatchRunner {
       if (++resolved - done > kRowAhead) finish(done++);
     }
     while (done < resolved) finish(done++);
-    if (places != nullptr) ShardCounters::add(sh.counters.reused, e - b);
+    ShardCounters::add(sh.counters.reused, reused);
     // Pass 2: insert the missing ids in order (an id may recur: find again first). With an
     // admission filter, an id it has not admitted (by lookups) is not inserted and its
     // gradient is dropped; applies do not count sightings (a training step would count twice).
@@ -803,18 +819,13 @@ Table::Table(const TableConfig& config)
 Table::~Table() { ForkGuard::remove(this); }
 
 bool Table::take_resolution(const uint64_t* keys, size_t n, RowResolution& r) {
-  {
-    std::lock_guard<std::mutex> lock(resolution_mutex_);
-    if (!resolution_.valid || resolution_.keys.size() != n) {
-      r.valid = false;
-      return false;
-    }
-    std::swap(resolution_, r);
-    resolution_.valid = false;
-  }
-  // Compared outside the lock: the taken resolution is this caller's alone now.
-  r.valid = n == 0 || std::memcmp(r.keys.data(), keys, n * sizeof(uint64_t)) == 0;
-  return r.valid;
+  std::lock_guard<std::mutex> lock(resolution_mutex_);  // once per call: compares n ids
+  r.valid = resolution_.valid && resolution_.keys.size() == n &&
+            (n == 0 || std::memcmp(resolution_.keys.data(), keys, n * sizeof(uint64_t)) == 0);
+  if (!r.valid) return false;
+  std::swap(resolution_, r);
+  resolution_.valid = false;
+  return true;
 }
 
 void Table::set_step(uint64_t step) {
@@ -1273,15 +1284,9 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
     RowResolution& res = spaces[k]->resolution;
     res.keys.assign(r.keys, r.keys + r.n);
     res.places.resize(r.n);
-    res.versions.assign(r.table->num_shards(), RowResolution::kUnread);
     for (size_t task = tasks.begin[k]; task < tasks.begin[k + 1]; ++task) {
-      const BatchRunner::ReadTask& read = reads[task];
+      const BatchRunner::ReadTask& read = reads[task];  // every id was a hit: one place each
       std::copy(read.touched.begin(), read.touched.end(), res.places.begin() + read.first_id);
-      for (size_t s = 0; s < res.versions.size(); ++s) {
-        if (read.versions[s] != RowResolution::kUnread) {
-          RowResolution::note(res.versions[s], read.versions[s]);
-        }
-      }
     }
     res.valid = true;
     r.table->keep_resolution(res);
@@ -1303,6 +1308,7 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
     const LookupSumRequest& r = requests[k];
     BatchRunner::plan(*r.table, r.keys, r.n, *spaces[k]);
     if (!spaces[k]->one_hot) spaces[k]->rows.resize(r.n * r.table->dim());
+    if (r.insert) spaces[k]->resolution.places.resize(r.n);  // gather_shard records rows
   });
   clock.lap(Timer::kStagePlan);
   TaskSpace shard_tasks;
@@ -1313,14 +1319,23 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
     const LookupSumRequest& r = requests[locked[q]];
     Workspace& ws = *spaces[locked[q]];
     const size_t s = (task - shard_tasks.begin[q] + rot) % r.table->num_shards();
+    uint64_t* places = r.insert ? ws.resolution.places.data() : nullptr;
     if (ws.one_hot) {
       BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, r.weights,
-                                r.offsets != nullptr, r.out);
+                                r.offsets != nullptr, r.out, places);
     } else {
       BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, nullptr, false,
-                                ws.rows.data());
+                                ws.rows.data(), places);
     }
   });
+  for (const size_t k : locked) {  // rows an insert evicted later in the call fail the check
+    const LookupSumRequest& r = requests[k];
+    if (!r.insert) continue;
+    RowResolution& res = spaces[k]->resolution;
+    res.keys.assign(r.keys, r.keys + r.n);
+    res.valid = true;
+    r.table->keep_resolution(res);
+  }
   clock.lap(Timer::kStageLockedGather);
   TaskSpace pool_tasks;
   for (const size_t k : locked) {

@@ -246,7 +246,7 @@ class Table {
     std::swap(resolution_, r);
   }
   // Takes the kept resolution into `r` if it resolved exactly `keys[0, n)`; returns whether
-  // it did. A taken resolution is used once.
+  // it did. A taken resolution is used once; one of other keys stays kept.
   bool take_resolution(const uint64_t* keys, size_t n, RowResolution& r);
 
   TableConfig config_;
