@@ -531,7 +531,7 @@ struct BatchRunner {
   // update per row. Rows of this batch are pinned (aux) so inserts cannot evict them.
   // Pipelined like gather_shard: resolve id j (prefetching its metadata), accumulate id j-16.
   // Ids resolve by probing the index, or from the training lookup's resolution when the
-  // call took one (ws.resolution) and the shard's version has not moved since it was read.
+  // call took one (ws.resolution) and the recorded row still holds the id.
   // Note: pass 1 overwrites this shard's part of ws.order with the missing ids.
   static void apply_shard(Table& t, size_t s, const ApplyRequest& r, float lr, Workspace& ws) {
     const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
@@ -716,18 +716,20 @@ struct ForkGuard {
     auto& r = registry();
     r.erase(std::remove(r.begin(), r.end(), t), r.end());
   }
-  // A table's snapshot mutex is only ever held briefly and never while waiting for a shard
-  // lock, so taking it first keeps the order deadlock-free.
+  // A table's snapshot and resolution mutexes are only ever held briefly and never while
+  // waiting for another lock, so taking them first keeps the order deadlock-free.
   static void prepare() {
     registry_mutex().lock();
     for (Table* t : registry()) {
       t->snapshot_mutex_.lock();
+      t->resolution_mutex_.lock();
       for (auto& sh : t->shards_) sh->mutex().lock();
     }
   }
   static void release() {
     for (Table* t : registry()) {
       for (auto& sh : t->shards_) sh->mutex().unlock();
+      t->resolution_mutex_.unlock();
       t->snapshot_mutex_.unlock();
     }
     registry_mutex().unlock();
@@ -1234,6 +1236,8 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
     if (r.offsets != nullptr) {
       const size_t longest = validate_offsets(r.offsets, r.num_bags, r.n, r.label);
       ws.one_hot = longest <= 1 && r.num_bags == r.n;
+    } else if (r.num_bags != r.n) {  // without offsets every id is its own bag
+      throw std::invalid_argument(prefix(r.label) + "without offsets, num_bags must equal n");
     }
     if (r.weights != nullptr) validate_finite(r.weights, r.n, "weights", r.label);
     total_ids += r.n;
@@ -1284,11 +1288,14 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
     RowResolution& res = spaces[k]->resolution;
     res.keys.assign(r.keys, r.keys + r.n);
     res.places.resize(r.n);
+    size_t placed = 0;
     for (size_t task = tasks.begin[k]; task < tasks.begin[k + 1]; ++task) {
       const BatchRunner::ReadTask& read = reads[task];  // every id was a hit: one place each
       std::copy(read.touched.begin(), read.touched.end(), res.places.begin() + read.first_id);
+      placed += read.touched.size();
     }
-    res.valid = true;
+    res.valid = placed == r.n;  // the tasks covered every id (a guard: they always do)
+    if (!res.valid) return;
     r.table->keep_resolution(res);
   });
   clock.lap(Timer::kStageGather);

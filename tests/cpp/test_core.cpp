@@ -1251,6 +1251,9 @@ TEST_CASE(validation_errors_change_nothing) {
   const Ids keys = {1, 10, 2, 11};
   const Floats grads_ok(8, 1.0f);
   Floats out(8, kNaN);
+  // Without offsets every id is its own bag: any other bag count is refused.
+  CHECK_THROWS(std::invalid_argument, t.lookup_sum(keys.data(), keys.size(), nullptr, 2,
+                                                   nullptr, PoolMode::kSum, true, out.data()));
   auto bad_offsets = [&](const Offsets& off) {
     Floats o((off.size() - 1) * 2, kNaN);
     CHECK_THROWS(std::invalid_argument, t.lookup_sum(keys.data(), keys.size(), off.data(),
@@ -1685,8 +1688,8 @@ TEST_CASE(step_eviction_and_staging_concurrent) {
   CHECK(st.inserts - st.evictions - st.erased == t.size());
 }
 
-// A training step's apply reuses the rows its lookup resolved only while their shards are
-// unchanged: with another thread erasing and re-inserting some of the ids, id k (gradient
+// A training step's apply reuses the rows its lookup resolved only for ids those rows still
+// hold: with another thread erasing and re-inserting some of the ids, id k (gradient
 // -(k + 1), SGD lr 1, zeros) must end with a whole multiple of k + 1 (an update that went
 // to a row the id no longer held would break that), all 300 steps' worth when never erased.
 TEST_CASE(reused_resolution_never_writes_a_row_its_id_left) {
