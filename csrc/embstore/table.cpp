@@ -631,11 +631,10 @@ struct BatchRunner {
             ++reused;
           }
         }
-        if (row == kNoRow) row = sh.find(id, mix64(id));
-      } else {
-        if (j + kSlotAhead < e) sh.prefetch(mix64(r.keys[ws.order[j + kSlotAhead]]));
-        row = sh.find(id, mix64(id));
+      } else if (j + kSlotAhead < e) {
+        sh.prefetch(mix64(r.keys[ws.order[j + kSlotAhead]]));
       }
+      if (row == kNoRow) row = sh.find(id, mix64(id));
       if (row == kNoRow) {
         // order[b + num_missing] is never ahead of order[j]: safe to overwrite.
         missing[num_missing++] = i;
@@ -1286,7 +1285,6 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
     const LookupSumRequest& r = requests[k];
     if (!r.insert || aborted[k].load(std::memory_order_relaxed)) return;
     RowResolution& res = spaces[k]->resolution;
-    res.keys.assign(r.keys, r.keys + r.n);
     res.places.resize(r.n);
     size_t placed = 0;
     for (size_t task = tasks.begin[k]; task < tasks.begin[k + 1]; ++task) {
@@ -1294,9 +1292,8 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
       std::copy(read.touched.begin(), read.touched.end(), res.places.begin() + read.first_id);
       placed += read.touched.size();
     }
-    res.valid = placed == r.n;  // the tasks covered every id (a guard: they always do)
-    if (!res.valid) return;
-    r.table->keep_resolution(res);
+    if (placed != r.n) return;  // the tasks covered every id (a guard: they always do)
+    r.table->keep_resolution(r.keys, r.n, res);
   });
   clock.lap(Timer::kStageGather);
 
@@ -1337,11 +1334,7 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
   });
   for (const size_t k : locked) {  // rows an insert evicted later in the call fail the check
     const LookupSumRequest& r = requests[k];
-    if (!r.insert) continue;
-    RowResolution& res = spaces[k]->resolution;
-    res.keys.assign(r.keys, r.keys + r.n);
-    res.valid = true;
-    r.table->keep_resolution(res);
+    if (r.insert) r.table->keep_resolution(r.keys, r.n, spaces[k]->resolution);
   }
   clock.lap(Timer::kStageLockedGather);
   TaskSpace pool_tasks;

@@ -240,8 +240,11 @@ class Table {
   bool try_borrow() noexcept;
   void give_back(size_t rows) noexcept { pool_.fetch_add(rows, std::memory_order_relaxed); }
   std::string no_row_message(uint64_t id, size_t shard_index) const;
-  // Keeps `r` (swapped in; `r` gets the previous buffers) as the last lookup's resolution.
-  void keep_resolution(RowResolution& r) {
+  // Keeps `r`, whose places resolve `keys[0, n)`, as the last lookup's resolution (swapped
+  // in: `r` gets the previous buffers, so nothing is allocated once warm).
+  void keep_resolution(const uint64_t* keys, size_t n, RowResolution& r) {
+    r.keys.assign(keys, keys + n);
+    r.valid = true;
     std::lock_guard<std::mutex> lock(resolution_mutex_);
     std::swap(resolution_, r);
   }

@@ -15,23 +15,18 @@ from typing import Any
 import numpy as np
 
 
+def _git(here: Path, *args: str) -> str:
+    """Output of ``git -C here args`` (stripped); raises if git fails."""
+    return subprocess.run(
+        ["git", "-C", str(here), *args], capture_output=True, text=True, timeout=5, check=True
+    ).stdout.strip()
+
+
 def _git_commit() -> str:
     here = Path(__file__).resolve().parent
     try:
-        rev = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
+        rev = _git(here, "rev-parse", "--short", "HEAD")
+        dirty = _git(here, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown (no git checkout)"
     return rev + ("-dirty" if dirty else "") if rev else "unknown"
