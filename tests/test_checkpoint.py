@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import Config, assert_rows_equal, snapshot, u64
-from hypothesis import given
+from hypothesis import given, reject
 from hypothesis import strategies as st
 from reference import (
     AdagradSpec,
@@ -695,12 +695,18 @@ def test_checkpoint_sequences_reload_exactly(
     expected: dict[str, np.ndarray] = {}
     for k, op in enumerate(ops):
         kind = op[0]
-        if kind == "lookup":
-            t.lookup(u64(op[1]))
-        elif kind == "apply":
+        if kind in ("lookup", "apply"):
             keys = u64(op[1])
-            grads = np.linspace(-1, 1, keys.shape[0] * 3, dtype=np.float32).reshape(-1, 3)
-            t.apply_gradients(keys, grads)
+            try:
+                if kind == "lookup":
+                    t.lookup(keys)
+                else:
+                    grads = np.linspace(-1, 1, keys.shape[0] * 3, dtype=np.float32)
+                    t.apply_gradients(keys, grads.reshape(-1, 3))
+            except embstore.CapacityError:
+                # One call's ids crowded a shard of this 40-row table past its quota plus
+                # the pool (a documented limit); not what this test is about.
+                reject()
         elif kind == "erase":
             t.erase(u64(op[1]))
         elif kind == "step":

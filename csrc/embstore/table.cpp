@@ -26,9 +26,10 @@ constexpr size_t kIdsPerWorker = 2048;    // below this a helper thread costs mo
 constexpr size_t kIdsPerReadTask = 4096;  // optimistic lookup task size (whole bags)
 constexpr size_t kBagsPerPoolTask = 256;  // locked path's pooling task: ~32-256 KiB of output
 // Pipeline distances (ids ahead): index slots 16 ahead, rows 8 ahead — enough misses in
-// flight to cover DRAM latency without evicting prefetched lines before use.
-constexpr uint32_t kSlotAhead = 32;
-constexpr uint32_t kRowAhead = 16;
+// flight to cover DRAM latency without evicting prefetched lines before use. (32/16 measured
+// 10-20% slower on the W1 forward once the read kernel's per-id work shrank: 6 A/B rounds.)
+constexpr uint32_t kSlotAhead = 16;
+constexpr uint32_t kRowAhead = 8;
 constexpr uint32_t kRing = 32;  // > kRowAhead: probed ids awaiting their read
 
 bool is_power_of_two(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
@@ -287,37 +288,86 @@ struct BatchRunner {
     for (size_t k = 0; k < dim; ++k) out[k] = src[k];
   }
 
-  // What one optimistic read task saw: the rows it read (shard << 32 | row), committed (CLOCK
-  // reference bit, last step) only when its whole request completed without the lock.
+  // What one optimistic read task saw: ids [first_id, first_id + count) of its request, whose
+  // places (shard << 32 | row, kUnresolved for a miss) it wrote to the request's places
+  // array. They are committed (CLOCK reference bits, hit counts) only when the whole request
+  // completed without the lock.
   struct ReadTask {
-    std::vector<uint64_t> touched;
     size_t first_id = 0;
+    size_t count = 0;
     uint64_t misses = 0;
   };
 
+  // Seqlock validation for one read task, deferred to its end: each shard's version is noted
+  // at the task's first probe of that shard; a later probe that sees another version, or an
+  // odd one, fails at once, and `valid()` checks that no version moved since. Every read of a
+  // shard lies between a probe that saw version v and the final check that still sees v, so
+  // no writer overlapped any of them. (One check per id at the probe, none per copy.)
+  class ShardVersions {
+   public:
+    explicit ShardVersions(const Table& t) : t_(t) {
+      thread_local std::vector<uint64_t> seen;  // kUnseen between tasks
+      thread_local std::vector<uint32_t> touched;
+      if (seen.size() < t.num_shards()) seen.resize(t.num_shards(), kUnseen);
+      seen_ = seen.data();
+      touched_ = &touched;
+      touched_->clear();
+    }
+    ~ShardVersions() {
+      for (const uint32_t s : *touched_) seen_[s] = kUnseen;
+    }
+    ShardVersions(const ShardVersions&) = delete;
+    ShardVersions& operator=(const ShardVersions&) = delete;
+    // Notes shard s's version before a probe; false if the read must be redone under the lock.
+    bool note(size_t s) noexcept {
+      const uint64_t v = t_.shards_[s]->read_begin();
+      if ((v & 1) != 0) return false;  // a writer is inside
+      if (seen_[s] == v) return true;
+      if (seen_[s] != kUnseen) return false;  // a writer came and went since the first probe
+      seen_[s] = v;
+      touched_->push_back(static_cast<uint32_t>(s));
+      return true;
+    }
+    bool valid() const noexcept {
+      for (const uint32_t s : *touched_) {
+        if (!t_.shards_[s]->read_valid(seen_[s])) return false;
+      }
+      return true;
+    }
+
+   private:
+    static constexpr uint64_t kUnseen = 1;  // odd: never a version a probe accepts
+    const Table& t_;
+    uint64_t* seen_;
+    std::vector<uint32_t>* touched_;  // the shards noted, in first-probe order
+  };
+
   static void read_bags(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
-                        std::atomic<bool>& abort, ReadTask& task) {
+                        std::atomic<bool>& abort, ReadTask& task, uint64_t* places) {
     switch (t.dim()) {  // common widths get fully unrolled kernels
-      case 16: return read_bags_impl<16>(t, r, bag_lo, bag_hi, abort, task);
-      case 32: return read_bags_impl<32>(t, r, bag_lo, bag_hi, abort, task);
-      case 64: return read_bags_impl<64>(t, r, bag_lo, bag_hi, abort, task);
-      case 128: return read_bags_impl<128>(t, r, bag_lo, bag_hi, abort, task);
-      default: return read_bags_impl<0>(t, r, bag_lo, bag_hi, abort, task);
+      case 16: return read_bags_impl<16>(t, r, bag_lo, bag_hi, abort, task, places);
+      case 32: return read_bags_impl<32>(t, r, bag_lo, bag_hi, abort, task, places);
+      case 64: return read_bags_impl<64>(t, r, bag_lo, bag_hi, abort, task, places);
+      case 128: return read_bags_impl<128>(t, r, bag_lo, bag_hi, abort, task, places);
+      default: return read_bags_impl<0>(t, r, bag_lo, bag_hi, abort, task, places);
     }
   }
 
   // Optimistic pooled lookup of bags [bag_lo, bag_hi) of one request, summed straight into
   // r.out in bag order (no gather buffer, no lock); `lookup` (offsets == nullptr) copies rows.
+  // Writes each id's place to places[j].
   //
-  // A software pipeline prefetches the index slot of id j+32, probes id j+16 (noting its
-  // shard's seqlock version) and prefetches its row, and adds id j's row to its bag, then
-  // checks that the version did not move. Anything this pass cannot finish alone - an id to
-  // insert, a probe that raced with a writer - sets `abort`: the caller then runs the whole
-  // request again on the locked path (gather_shard), which inserts in a deterministic order.
-  // Each bag is summed by one thread in id order, so results do not depend on thread count.
+  // A software pipeline hashes id j+kSlotAhead and prefetches its index slot, probes id
+  // j+kRowAhead and prefetches its row, and adds id j's row to its bag's sum (kept in
+  // registers for common widths; stored once per bag). Anything this pass cannot finish alone - an id to insert, a
+  // probe that raced with a writer - sets `abort`: the caller then runs the whole request
+  // again on the locked path (gather_shard), which inserts in a deterministic order. Each bag
+  // is summed by one thread in id order, so results do not depend on thread count.
+  // (Profile, W1 D=32 L=8: this kernel was instruction-bound at ~200 instructions per id
+  // with rows in cache - a push_back, two hashes and a seqlock check per id - not memory-bound.)
   template <size_t kDim>
   static void read_bags_impl(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
-                             std::atomic<bool>& abort, ReadTask& task) {
+                             std::atomic<bool>& abort, ReadTask& task, uint64_t* places) {
     const size_t dim = kDim != 0 ? kDim : t.dim();
     const auto bag_begin = [&](size_t b) {
       return r.offsets == nullptr ? b : static_cast<size_t>(r.offsets[b]);
@@ -325,87 +375,104 @@ struct BatchRunner {
     const size_t lo = bag_begin(bag_lo), hi = bag_begin(bag_hi);
     thread_local std::vector<float> zeros;
     if (zeros.size() < dim) zeros.assign(dim, 0.0f);
-    struct Probe {
-      uint64_t version;
-      uint32_t shard;
-      uint32_t row;  // kNoRow: absent; kRetry: raced with a writer
-    };
-    Probe ring[kRing];
-    task.touched.clear();
-    task.misses = 0;
     task.first_id = lo;
-    const auto probe = [&](size_t j) {
-      const uint64_t id = r.keys[j];
-      const uint64_t hash = mix64(id);
-      Probe& p = ring[j % kRing];
-      p.shard = static_cast<uint32_t>(t.shard_of(hash));
-      const Shard& sh = *t.shards_[p.shard];
-      p.version = sh.read_begin();
-      p.row = (p.version & 1) ? kRetry : sh.find_optimistic(id, hash);
-      if (p.row < kRetry) prefetch_lines(t.row_ptr(sh, p.row), dim * sizeof(float));
-    };
-    for (size_t j = lo; j < std::min(hi, lo + kSlotAhead); ++j) {
+    task.count = hi - lo;
+    task.misses = 0;
+    ShardVersions versions(t);
+    uint64_t hashes[kRing];  // id j's hash at j % kRing, from its slot prefetch
+    const float* rows[kRing];  // id j's row (zeros if absent) at j % kRing, from its probe
+    const auto prefetch_slot = [&](size_t j) {
       const uint64_t hash = mix64(r.keys[j]);
+      hashes[j % kRing] = hash;
       t.shards_[t.shard_of(hash)]->prefetch(hash);
-    }
-    for (size_t j = lo; j < std::min(hi, lo + kRowAhead); ++j) probe(j);
-    size_t bag = bag_lo;
-    for (size_t j = lo; j < hi; ++j) {
-      if (j + kSlotAhead < hi) {
-        const uint64_t hash = mix64(r.keys[j + kSlotAhead]);
-        t.shards_[t.shard_of(hash)]->prefetch(hash);
-      }
-      if (j + kRowAhead < hi) probe(j + kRowAhead);
-      const Probe& p = ring[j % kRing];
-      if (p.row == kRetry || (p.row == kNoRow && r.insert) ||
-          ((j & 255) == 0 && abort.load(std::memory_order_relaxed))) {
-        abort.store(true, std::memory_order_relaxed);
-        return;
-      }
-      if (r.offsets != nullptr) {
-        while (bag_begin(bag + 1) <= j) {  // empty bags before j's bag read zeros
-          std::memset(r.out + bag * dim, 0, dim * sizeof(float));
-          ++bag;
-        }
-      }
-      const Shard& sh = *t.shards_[p.shard];
-      const float* src = p.row == kNoRow ? zeros.data() : t.row_ptr(sh, p.row);
-      if (r.offsets == nullptr) {
-        copy_row<kDim>(r.out + j * dim, src, dim);
+    };
+    const auto probe = [&](size_t j) -> bool {
+      const uint64_t hash = hashes[j % kRing];
+      const size_t s = t.shard_of(hash);
+      if (!versions.note(s)) return false;
+      const Shard& sh = *t.shards_[s];
+      const uint32_t row = sh.find_optimistic(r.keys[j], hash);
+      if (row == kRetry || (row == kNoRow && r.insert)) return false;
+      if (row != kNoRow) {
+        const float* src = t.row_ptr(sh, row);
+        prefetch_lines(src, dim * sizeof(float));
+        rows[j % kRing] = src;
+        places[j] = RowResolution::place(s, row);
       } else {
-        accumulate_row<kDim>(r.out + bag * dim, src, r.weights ? r.weights + j : nullptr,
-                             j == bag_begin(bag), dim);
-        if (j + 1 == bag_begin(bag + 1)) {
-          if (r.mode == PoolMode::kMean) {
-            float* out = r.out + bag * dim;
-            const float count = static_cast<float>(j + 1 - bag_begin(bag));
-            for (size_t k = 0; k < dim; ++k) out[k] = out[k] / count;
-          }
-          ++bag;
-        }
-      }
-      if (!sh.read_valid(p.version)) {
-        abort.store(true, std::memory_order_relaxed);
-        return;
-      }
-      if (p.row == kNoRow) {
+        rows[j % kRing] = zeros.data();
+        places[j] = RowResolution::kUnresolved;
         ++task.misses;
-      } else {
-        task.touched.push_back(RowResolution::place(p.shard, p.row));
+      }
+      return true;
+    };
+    // Advances the pipeline to id j: returns id j's row, or nullptr to abort.
+    const auto row_of = [&](size_t j) -> const float* {
+      if (j + kSlotAhead < hi) prefetch_slot(j + kSlotAhead);
+      if (j + kRowAhead < hi && !probe(j + kRowAhead)) return nullptr;
+      return rows[j % kRing];
+    };
+    for (size_t j = lo; j < std::min(hi, lo + kSlotAhead); ++j) prefetch_slot(j);
+    for (size_t j = lo; j < std::min(hi, lo + kRowAhead); ++j) {
+      if (!probe(j)) return abort.store(true, std::memory_order_relaxed);
+    }
+    if (r.offsets == nullptr) {  // lookup: each id's row, copied exactly
+      for (size_t j = lo; j < hi; ++j) {
+        const float* src = row_of(j);
+        if (src == nullptr) return abort.store(true, std::memory_order_relaxed);
+        copy_row<kDim>(r.out + j * dim, src, dim);
+      }
+    } else {
+      for (size_t bag = bag_lo; bag < bag_hi; ++bag) {
+        const size_t begin = bag_begin(bag), end = bag_begin(bag + 1);
+        if ((bag & 63) == 0 && abort.load(std::memory_order_relaxed)) return;
+        float* out = r.out + bag * dim;
+        if (begin == end) {  // an empty bag reads zeros
+          std::memset(out, 0, dim * sizeof(float));
+          continue;
+        }
+        if (!pool_bag<kDim>(out, begin, end, r.weights, r.mode, dim, row_of)) {
+          return abort.store(true, std::memory_order_relaxed);
+        }
       }
     }
-    if (r.offsets != nullptr) {
-      for (; bag < bag_hi; ++bag) std::memset(r.out + bag * dim, 0, dim * sizeof(float));
+    if (!versions.valid()) abort.store(true, std::memory_order_relaxed);
+  }
+
+  // Sums (or averages) the rows of ids [begin, end) into out, in id order (docs/semantics.md:
+  // s = 0; s = s + w_i * row_i; the leading 0 + is not a no-op for -0). Fixed widths of up to
+  // 32 floats sum in a local array the compiler keeps in registers. False if row_of aborted.
+  template <size_t kDim, typename RowOf>
+  EMBSTORE_NO_SANITIZE_THREAD static bool pool_bag(float* __restrict out, size_t begin,
+                                                   size_t end, const float* weights,
+                                                   PoolMode mode, size_t dim,
+                                                   const RowOf& row_of) noexcept {
+    constexpr bool kLocal = kDim != 0 && kDim <= 32;
+    float local[kLocal ? kDim : 1];
+    float* __restrict acc = kLocal ? local : out;
+    for (size_t j = begin; j < end; ++j) {
+      const float* __restrict src = row_of(j);
+      if (src == nullptr) return false;
+      accumulate_row<kDim>(acc, src, weights != nullptr ? weights + j : nullptr, j == begin,
+                           dim);
     }
+    if (mode == PoolMode::kMean) {
+      const float count = static_cast<float>(end - begin);
+      for (size_t k = 0; k < dim; ++k) acc[k] = acc[k] / count;
+    }
+    if (kLocal) std::memcpy(out, acc, dim * sizeof(float));
+    return true;
   }
 
   // Records a completed optimistic task: CLOCK reference bits and hit/miss counts (tables
   // that track steps never read optimistically).
-  static void commit_reads(Table& t, const ReadTask& task) {
-    for (const uint64_t packed : task.touched) {
-      t.shards_[packed >> 32]->reference(static_cast<uint32_t>(packed));
+  static void commit_reads(Table& t, const ReadTask& task, const uint64_t* places) {
+    for (size_t j = task.first_id; j < task.first_id + task.count; ++j) {
+      const uint64_t packed = places[j];
+      if (packed != RowResolution::kUnresolved) {
+        t.shards_[packed >> 32]->reference(static_cast<uint32_t>(packed));
+      }
     }
-    t.read_hits_.fetch_add(task.touched.size(), std::memory_order_relaxed);
+    t.read_hits_.fetch_add(task.count - task.misses, std::memory_order_relaxed);
     t.read_misses_.fetch_add(task.misses, std::memory_order_relaxed);
   }
 
@@ -1267,33 +1334,30 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
     aborted[k].store(track, std::memory_order_relaxed);
   }
   std::vector<BatchRunner::ReadTask>& reads = read_tasks;
+  std::vector<uint64_t*> read_places(R);  // per id: its place, written by the read tasks
+  for (size_t k = 0; k < R; ++k) {
+    spaces[k]->resolution.places.resize(requests[k].n);
+    read_places[k] = spaces[k]->resolution.places.data();
+  }
   pool.run(tasks.total(), workers, [&](size_t task) {
     const size_t k = tasks.request_of(task);
     const LookupSumRequest& r = requests[k];
     if (aborted[k].load(std::memory_order_relaxed)) return;
     const size_t bag_lo = (task - tasks.begin[k]) * bags_per_task[k];
     BatchRunner::read_bags(*r.table, r, bag_lo, std::min(r.num_bags, bag_lo + bags_per_task[k]),
-                           aborted[k], reads[task]);
+                           aborted[k], reads[task], read_places[k]);
   });
   pool.run(tasks.total(), workers, [&](size_t task) {  // commit what completed
     const size_t k = tasks.request_of(task);
     if (!aborted[k].load(std::memory_order_relaxed)) {
-      BatchRunner::commit_reads(*requests[k].table, reads[task]);
+      BatchRunner::commit_reads(*requests[k].table, reads[task], read_places[k]);
     }
   });
   pool.run(R, workers, [&](size_t k) {  // training lookups leave their rows to the apply
-    const LookupSumRequest& r = requests[k];
-    if (!r.insert || aborted[k].load(std::memory_order_relaxed)) return;
-    RowResolution& res = spaces[k]->resolution;
-    res.places.resize(r.n);
-    size_t placed = 0;
-    for (size_t task = tasks.begin[k]; task < tasks.begin[k + 1]; ++task) {
-      const BatchRunner::ReadTask& read = reads[task];  // every id was a hit: one place each
-      std::copy(read.touched.begin(), read.touched.end(), res.places.begin() + read.first_id);
-      placed += read.touched.size();
+    const LookupSumRequest& r = requests[k];  // (every id was a hit: each has its place)
+    if (r.insert && !aborted[k].load(std::memory_order_relaxed)) {
+      r.table->keep_resolution(r.keys, r.n, spaces[k]->resolution);
     }
-    if (placed != r.n) return;  // the tasks covered every id (a guard: they always do)
-    r.table->keep_resolution(r.keys, r.n, res);
   });
   clock.lap(Timer::kStageGather);
 
