@@ -17,6 +17,7 @@
 
 #include "embstore/errors.hpp"       // CapacityError
 #include "embstore/metrics.hpp"      // Timer, metrics_enabled
+#include "embstore/simd.hpp"         // simd_level, set_simd_level
 #include "embstore/snapshot.hpp"     // Snapshot, SnapshotMode
 #include "embstore/table.hpp"        // Table, lookup_sum_many, apply_gradients_many
 #include "embstore/thread_pool.hpp"  // ThreadPool
@@ -512,6 +513,24 @@ PYBIND11_MODULE(_core, m) {
   m.def("hardware_threads", &embstore::ThreadPool::hardware_threads);
   m.def("metrics_enabled", &embstore::metrics_enabled);
   m.def("set_metrics_enabled", &embstore::set_metrics_enabled, py::arg("on"));
+  m.def("simd_level", [] { return std::string(embstore::simd_level_name(embstore::simd_level())); });
+  m.def(
+      "set_simd_level",
+      [](const std::string& name) {
+        // Test and benchmark seam: the kernels' instruction set (results are the same bits).
+        embstore::SimdLevel level;
+        if (name == "baseline") {
+          level = embstore::SimdLevel::kBaseline;
+        } else if (name == "avx2") {
+          level = embstore::SimdLevel::kAvx2;
+        } else {
+          throw py::value_error("simd level must be 'baseline' or 'avx2', not '" + name + "'");
+        }
+        if (!embstore::set_simd_level(level)) {
+          throw py::value_error("this CPU (or build) cannot run the '" + name + "' kernels");
+        }
+      },
+      py::arg("level"));
   m.def(
       "histogram_summary",
       [](const std::vector<uint64_t>& values_ns) {

@@ -16,6 +16,7 @@
 #include "embstore/hash.hpp"         // mix64
 #include "embstore/initializer.hpp"  // initial_row
 #include "embstore/optimizer.hpp"    // state_width, init_state, apply_update
+#include "embstore/simd.hpp"         // simd_level, EMBSTORE_KERNEL_TARGET_AVX2
 #include "embstore/thread_pool.hpp"  // ThreadPool
 
 namespace embstore {
@@ -344,6 +345,24 @@ struct BatchRunner {
 
   static void read_bags(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
                         std::atomic<bool>& abort, ReadTask& task, uint64_t* places) {
+#if EMBSTORE_HAS_AVX2_KERNELS
+    if (simd_level() == SimdLevel::kAvx2) {
+      return read_bags_avx2(t, r, bag_lo, bag_hi, abort, task, places);
+    }
+#endif
+    read_bags_by_dim(t, r, bag_lo, bag_hi, abort, task, places);
+  }
+#if EMBSTORE_HAS_AVX2_KERNELS
+  EMBSTORE_KERNEL_TARGET_AVX2 static void read_bags_avx2(Table& t, const LookupSumRequest& r,
+                                                         size_t bag_lo, size_t bag_hi,
+                                                         std::atomic<bool>& abort,
+                                                         ReadTask& task, uint64_t* places) {
+    read_bags_by_dim(t, r, bag_lo, bag_hi, abort, task, places);
+  }
+#endif
+  static inline void read_bags_by_dim(Table& t, const LookupSumRequest& r, size_t bag_lo,
+                                      size_t bag_hi, std::atomic<bool>& abort, ReadTask& task,
+                                      uint64_t* places) {
     switch (t.dim()) {  // common widths get fully unrolled kernels
       case 16: return read_bags_impl<16>(t, r, bag_lo, bag_hi, abort, task, places);
       case 32: return read_bags_impl<32>(t, r, bag_lo, bag_hi, abort, task, places);
@@ -601,6 +620,20 @@ struct BatchRunner {
   // call took one (ws.resolution) and the recorded row still holds the id.
   // Note: pass 1 overwrites this shard's part of ws.order with the missing ids.
   static void apply_shard(Table& t, size_t s, const ApplyRequest& r, float lr, Workspace& ws) {
+#if EMBSTORE_HAS_AVX2_KERNELS
+    if (simd_level() == SimdLevel::kAvx2) return apply_shard_avx2(t, s, r, lr, ws);
+#endif
+    apply_shard_kernel(t, s, r, lr, ws);
+  }
+#if EMBSTORE_HAS_AVX2_KERNELS
+  EMBSTORE_KERNEL_TARGET_AVX2 static void apply_shard_avx2(Table& t, size_t s,
+                                                           const ApplyRequest& r, float lr,
+                                                           Workspace& ws) {
+    apply_shard_kernel(t, s, r, lr, ws);
+  }
+#endif
+  static inline void apply_shard_kernel(Table& t, size_t s, const ApplyRequest& r, float lr,
+                                        Workspace& ws) {
     const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
     if (b == e) return;
     const size_t dim = t.dim();

@@ -56,6 +56,15 @@ def _version(dist: str) -> str:
     return "not installed"
 
 
+def _simd_level() -> str:
+    """The instruction set of embstore's hot kernels (chosen at run time from the CPU)."""
+    try:
+        core = importlib.import_module("embstore._core")
+    except ImportError:
+        return "n/a"
+    return str(core.simd_level())
+
+
 def resident_bytes() -> int | None:
     """Resident set size of this process, from /proc (``None`` where unavailable)."""
     try:
@@ -138,5 +147,6 @@ def environment() -> dict[str, Any]:
         "pandas": _version("pandas"),
         "fbgemm": _version("fbgemm-gpu-cpu"),
         "embstore": _version("embstore"),
+        "kernels": _simd_level(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }

@@ -206,7 +206,8 @@ def format_report(report: dict[str, Any]) -> str:
         "## embstore bench: WORKLOADS.md W1 (pooled training step, warm tables)",
         "",
         (
-            f"- commit {env['commit']}, embstore {env['embstore']}, {env['date']}; other "
+            f"- commit {env['commit']}, embstore {env['embstore']} "
+            f"({env.get('kernels', 'n/a')} kernels), {env['date']}; other "
             f"processes used {_fmt(env.get('other_processes_cores'))} cores on average during "
             f"the run (load average {env.get('loadavg_start')} at start)"
         ),

@@ -1,0 +1,96 @@
+"""The AVX2 kernels and the baseline kernels give the same bits.
+
+The forward read kernel and the fused apply are compiled twice (csrc/embstore/simd.hpp) and
+picked at run time from the CPU. The rest of the suite checks whichever level this machine
+runs against the numpy reference; this file runs the same random training sequences at both
+levels and requires identical outputs, rows and optimizer state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from helpers import Config, random_offsets, u64
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import (
+    AdagradSpec,
+    AdamSpec,
+    FTRLSpec,
+    NormalSpec,
+    OptSpec,
+    RowWiseAdagradSpec,
+    SGDSpec,
+)
+
+from embstore import _core
+
+LEVELS = ["baseline", "avx2"]
+HAS_AVX2 = _core.simd_level() == "avx2"  # the level chosen at import: the CPU's best
+OPTIMIZERS: list[OptSpec] = [
+    SGDSpec(lr=0.1),
+    SGDSpec(lr=0.1, momentum=0.9),
+    AdagradSpec(lr=0.05),
+    RowWiseAdagradSpec(lr=0.05),
+    AdamSpec(lr=0.01, weight_decay=0.01),
+    FTRLSpec(alpha=0.1, l1=0.01, l2=0.01),
+]
+
+
+@pytest.fixture(autouse=True)
+def _restore_level() -> Iterator[None]:
+    before = _core.simd_level()
+    yield
+    _core.set_simd_level(before)
+
+
+def _run(level: str, cfg: Config, seed: int, steps: int) -> list[np.ndarray]:
+    """A training sequence (pooled lookups with weights or mean, applies, plain lookups) at
+    ``level``: every output, then the final rows and state of every id."""
+    _core.set_simd_level(level)
+    rng = np.random.default_rng(seed)
+    t = cfg.table()
+    universe = u64(rng.choice(1 << 40, size=64, replace=False))
+    outs: list[np.ndarray] = []
+    for step in range(steps):
+        n, bags = int(rng.integers(1, 200)), int(rng.integers(1, 40))
+        keys = universe[rng.integers(0, universe.shape[0], n)]  # duplicates on purpose
+        offsets = random_offsets(rng, n, bags)  # empty bags included
+        weights = rng.normal(size=n).astype(np.float32) if step % 3 == 1 else None
+        mode = "mean" if step % 3 == 2 else "sum"
+        outs.append(t.lookup_sum(keys, offsets, weights=weights, mode=mode))
+        grads = rng.normal(scale=0.5, size=(bags, cfg.dim)).astype(np.float32)
+        t.apply_gradients(keys, grads, offsets=offsets, weights=weights, mode=mode)
+        outs.append(t.lookup(keys[: n // 2], insert=False))
+    exported = t.export()
+    order = np.argsort(exported["ids"])
+    outs.extend(np.asarray(v)[order] for v in exported.values())
+    return outs
+
+
+@pytest.mark.skipif(not HAS_AVX2, reason="this CPU (or EMBSTORE_SIMD) runs the baseline only")
+@settings(max_examples=30)
+@given(
+    dim=st.sampled_from([1, 5, 16, 24, 32, 64, 128]),
+    optimizer=st.sampled_from(OPTIMIZERS),
+    shards=st.sampled_from([1, 4]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_levels_agree_bit_for_bit(dim: int, optimizer: OptSpec, shards: int, seed: int) -> None:
+    cfg = Config(
+        dim=dim, optimizer=optimizer, initializer=NormalSpec(std=0.1, seed=3), num_shards=shards
+    )
+    base, avx2 = (_run(level, cfg, seed, steps=6) for level in LEVELS)
+    assert len(base) == len(avx2)
+    for a, b in zip(base, avx2):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes()  # bits: -0.0 and NaN payloads included
+
+
+def test_set_simd_level_checks_its_argument() -> None:
+    with pytest.raises(ValueError, match="baseline"):
+        _core.set_simd_level("sse9")
+    _core.set_simd_level("baseline")
+    assert _core.simd_level() == "baseline"
