@@ -16,8 +16,8 @@
 
 #include <atomic>              // std::atomic
 #include <condition_variable>  // std::condition_variable
-#include <cstddef>
-#include <cstdint>  // uint64_t             // size_t
+#include <cstddef>             // size_t
+#include <cstdint>             // uint64_t
 #include <deque>               // std::deque
 #include <exception>           // std::exception_ptr
 #include <functional>          // std::function
