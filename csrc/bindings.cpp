@@ -168,6 +168,7 @@ py::dict stats_dict(const Table& t) {
   d["lock_waits"] = s.lock_waits;
   d["lock_wait_us"] = static_cast<double>(s.lock_wait_ns) / 1000.0;
   d["reused_rows"] = s.reused_rows;
+  d["read_retries"] = s.read_retries;
   d["arena_bytes_in_use"] = s.arena_bytes_in_use;
   d["row_stride"] = s.row_stride;
   d["bytes_per_row"] = s.bytes_per_row;

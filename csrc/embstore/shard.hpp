@@ -12,8 +12,9 @@
 // Optimistic reads (a seqlock): every change of the index, the rows or their weights happens
 // inside a WriteScope, which makes the shard's version odd for its duration. A lock-free
 // reader notes an even version, probes the index and copies the row, then checks that the
-// version did not move; if it did (or was odd), it retries under the lock. So lookups take no
-// lock at all unless they race with a writer of the same shard, or must insert.
+// version did not move; if it did (or was odd), it retries (the table's read kernel: row by
+// row, then under the lock). So lookups take no lock at all unless they race with a writer
+// of the same shard, or must insert.
 //
 // Layout choices:
 //  - Slot = {id, row + 1} packed in 12 bytes; row + 1 == 0 marks an empty slot, so every

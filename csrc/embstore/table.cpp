@@ -297,6 +297,7 @@ struct BatchRunner {
     size_t first_id = 0;
     size_t count = 0;
     uint64_t misses = 0;
+    bool raced = false;  // a writer got in the way: the caller redoes the task carefully
   };
 
   // Seqlock validation for one read task, deferred to its end: each shard's version is noted
@@ -343,8 +344,11 @@ struct BatchRunner {
     std::vector<uint32_t>* touched_;  // the shards noted, in first-probe order
   };
 
+  // The task's bags: the fast kernel, or (careful) the row-by-row retry of a raced task.
   static void read_bags(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
-                        std::atomic<bool>& abort, ReadTask& task, uint64_t* places) {
+                        std::atomic<bool>& abort, ReadTask& task, uint64_t* places,
+                        bool careful) {
+    if (careful) return read_bags_careful(t, r, bag_lo, bag_hi, abort, task, places);
 #if EMBSTORE_HAS_AVX2_KERNELS
     if (simd_level() == SimdLevel::kAvx2) {
       return read_bags_avx2(t, r, bag_lo, bag_hi, abort, task, places);
@@ -378,12 +382,13 @@ struct BatchRunner {
   //
   // A software pipeline hashes id j+kSlotAhead and prefetches its index slot, probes id
   // j+kRowAhead and prefetches its row, and adds id j's row to its bag's sum (kept in
-  // registers for common widths; stored once per bag). Anything this pass cannot finish alone - an id to insert, a
-  // probe that raced with a writer - sets `abort`: the caller then runs the whole request
-  // again on the locked path (gather_shard), which inserts in a deterministic order. Each bag
-  // is summed by one thread in id order, so results do not depend on thread count.
-  // (Profile, W1 D=32 L=8: this kernel was instruction-bound at ~200 instructions per id
-  // with rows in cache - a push_back, two hashes and a seqlock check per id - not memory-bound.)
+  // registers for common widths; stored once per bag). The seqlock is validated once per
+  // shard per task. A task that raced a writer stops and sets task.raced: the caller redoes
+  // it with read_bags_careful. An id to insert sets `abort`: the caller then runs the whole
+  // request again on the locked path (gather_shard), which inserts in a deterministic
+  // order. Each bag is summed by one thread in id order, so results do not depend on thread
+  // count. (Profile, W1 D=32 L=8: this kernel was instruction-bound at ~200 instructions per
+  // id with rows in cache - a push_back, two hashes and a seqlock check per id; now ~150.)
   template <size_t kDim>
   static void read_bags_impl(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
                              std::atomic<bool>& abort, ReadTask& task, uint64_t* places) {
@@ -397,6 +402,7 @@ struct BatchRunner {
     task.first_id = lo;
     task.count = hi - lo;
     task.misses = 0;
+    task.raced = false;
     ShardVersions versions(t);
     uint64_t hashes[kRing];  // id j's hash at j % kRing, from its slot prefetch
     const float* rows[kRing];  // id j's row (zeros if absent) at j % kRing, from its probe
@@ -411,7 +417,11 @@ struct BatchRunner {
       if (!versions.note(s)) return false;
       const Shard& sh = *t.shards_[s];
       const uint32_t row = sh.find_optimistic(r.keys[j], hash);
-      if (row == kRetry || (row == kNoRow && r.insert)) return false;
+      if (row == kRetry) return false;
+      if (row == kNoRow && r.insert) {
+        abort.store(true, std::memory_order_relaxed);  // an id to insert: the locked path
+        return false;
+      }
       if (row != kNoRow) {
         const float* src = t.row_ptr(sh, row);
         prefetch_lines(src, dim * sizeof(float));
@@ -431,13 +441,14 @@ struct BatchRunner {
       return rows[j % kRing];
     };
     for (size_t j = lo; j < std::min(hi, lo + kSlotAhead); ++j) prefetch_slot(j);
+    const auto stop = [&] { task.raced = true; };  // (or abort is set: an id to insert)
     for (size_t j = lo; j < std::min(hi, lo + kRowAhead); ++j) {
-      if (!probe(j)) return abort.store(true, std::memory_order_relaxed);
+      if (!probe(j)) return stop();
     }
     if (r.offsets == nullptr) {  // lookup: each id's row, copied exactly
       for (size_t j = lo; j < hi; ++j) {
         const float* src = row_of(j);
-        if (src == nullptr) return abort.store(true, std::memory_order_relaxed);
+        if (src == nullptr) return stop();
         copy_row<kDim>(r.out + j * dim, src, dim);
       }
     } else {
@@ -449,12 +460,81 @@ struct BatchRunner {
           std::memset(out, 0, dim * sizeof(float));
           continue;
         }
-        if (!pool_bag<kDim>(out, begin, end, r.weights, r.mode, dim, row_of)) {
-          return abort.store(true, std::memory_order_relaxed);
-        }
+        if (!pool_bag<kDim>(out, begin, end, r.weights, r.mode, dim, row_of)) return stop();
       }
     }
-    if (!versions.valid()) abort.store(true, std::memory_order_relaxed);
+    if (!versions.valid()) stop();
+  }
+
+  // The careful redo of a task the fast kernel raced (W3: with applies running, 70% of
+  // lookups at K=2 did, since a task spans every shard of its table, and then the whole
+  // request went to the locked path). Each id's row is copied to a scratch buffer and that
+  // copy alone validated, re-read on a race; when a writer is inside the shard, or keeps
+  // getting in the way, the row is read under the shard lock (which waits for the writer's
+  // critical section). Ids are prefetched kSlotAhead ahead; sums as in pool_bag. An id to
+  // insert sets `abort`. Not dimension-specialised: it runs only under write contention.
+  static void read_bags_careful(Table& t, const LookupSumRequest& r, size_t bag_lo,
+                                size_t bag_hi, std::atomic<bool>& abort, ReadTask& task,
+                                uint64_t* places) {
+    constexpr int kAttempts = 4;  // lock-free tries per id, then the lock
+    const size_t dim = t.dim();
+    const auto bag_begin = [&](size_t b) {
+      return r.offsets == nullptr ? b : static_cast<size_t>(r.offsets[b]);
+    };
+    const size_t lo = bag_begin(bag_lo), hi = bag_begin(bag_hi);
+    thread_local std::vector<float> scratch, zeros;
+    if (scratch.size() < dim) scratch.resize(dim);
+    if (zeros.size() < dim) zeros.assign(dim, 0.0f);
+    task.first_id = lo;
+    task.count = hi - lo;
+    task.misses = 0;
+    task.raced = false;
+    // id j's row (scratch or zeros), or nullptr for an id to insert.
+    const auto validated_row = [&](size_t j) -> const float* {
+      if (j + kSlotAhead < hi) {
+        const uint64_t ahead = mix64(r.keys[j + kSlotAhead]);
+        t.shards_[t.shard_of(ahead)]->prefetch(ahead);
+      }
+      const uint64_t id = r.keys[j], hash = mix64(id);
+      const size_t s = t.shard_of(hash);
+      Shard& sh = *t.shards_[s];
+      const auto found = [&](uint32_t row) -> const float* {
+        if (row == kNoRow) {
+          if (r.insert) return nullptr;
+          places[j] = RowResolution::kUnresolved;
+          ++task.misses;
+          return zeros.data();
+        }
+        places[j] = RowResolution::place(s, row);
+        return scratch.data();
+      };
+      for (int attempt = 0; attempt < kAttempts; ++attempt) {
+        const uint64_t v = sh.read_begin();
+        if ((v & 1) != 0) break;  // a writer is inside: wait for it on the lock
+        const uint32_t row = sh.find_optimistic(id, hash);
+        if (row == kRetry) continue;
+        if (row != kNoRow) copy_row<0>(scratch.data(), t.row_ptr(sh, row), dim);
+        if (sh.read_valid(v)) return found(row);
+      }
+      const auto lock = sh.lock();
+      const uint32_t row = sh.find(id, hash);
+      if (row != kNoRow) copy_row<0>(scratch.data(), t.row_ptr(sh, row), dim);
+      return found(row);
+    };
+    for (size_t bag = bag_lo; bag < bag_hi; ++bag) {
+      const size_t begin = bag_begin(bag), end = bag_begin(bag + 1);
+      if ((bag & 63) == 0 && abort.load(std::memory_order_relaxed)) return;
+      float* out = r.out + bag * dim;
+      if (r.offsets == nullptr) {  // lookup: the row, copied exactly
+        const float* src = validated_row(begin);
+        if (src == nullptr) return abort.store(true, std::memory_order_relaxed);
+        copy_row<0>(out, src, dim);
+      } else if (begin == end) {
+        std::memset(out, 0, dim * sizeof(float));
+      } else if (!pool_bag<0>(out, begin, end, r.weights, r.mode, dim, validated_row)) {
+        return abort.store(true, std::memory_order_relaxed);
+      }
+    }
   }
 
   // Sums (or averages) the rows of ids [begin, end) into out, in id order (docs/semantics.md:
@@ -1022,6 +1102,7 @@ TableStats Table::stats() const {
   size_t meta_and_index = 0;
   st.hits = read_hits_.load(std::memory_order_relaxed);
   st.misses = read_misses_.load(std::memory_order_relaxed);
+  st.read_retries = read_retries_.load(std::memory_order_relaxed);
   for (const auto& sh : shards_) {
     st.hits += sh->counters.hits.load(std::memory_order_relaxed);
     st.misses += sh->counters.misses.load(std::memory_order_relaxed);
@@ -1377,8 +1458,13 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
     const LookupSumRequest& r = requests[k];
     if (aborted[k].load(std::memory_order_relaxed)) return;
     const size_t bag_lo = (task - tasks.begin[k]) * bags_per_task[k];
-    BatchRunner::read_bags(*r.table, r, bag_lo, std::min(r.num_bags, bag_lo + bags_per_task[k]),
-                           aborted[k], reads[task], read_places[k]);
+    const size_t bag_hi = std::min(r.num_bags, bag_lo + bags_per_task[k]);
+    BatchRunner::ReadTask& read = reads[task];
+    BatchRunner::read_bags(*r.table, r, bag_lo, bag_hi, aborted[k], read, read_places[k], false);
+    if (read.raced && !aborted[k].load(std::memory_order_relaxed)) {
+      r.table->read_retries_.fetch_add(1, std::memory_order_relaxed);  // redo it row by row
+      BatchRunner::read_bags(*r.table, r, bag_lo, bag_hi, aborted[k], read, read_places[k], true);
+    }
   });
   pool.run(tasks.total(), workers, [&](size_t task) {  // commit what completed
     const size_t k = tasks.request_of(task);

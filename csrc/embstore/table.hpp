@@ -54,6 +54,7 @@ struct TableStats {
                                               // occurrences of ids it kept out
   uint64_t lock_waits = 0, lock_wait_ns = 0;  // shard-lock acquisitions that blocked
   uint64_t reused_rows = 0;  // applied ids whose row came from the lookup before (no probe)
+  uint64_t read_retries = 0;  // lock-free read tasks a writer got in the way of, redone row by row
   uint64_t arena_bytes_in_use = 0;            // rows ever claimed x row bytes
   double bytes_per_row = 0;  // arena + metadata + index bytes per row of capacity
 };
@@ -272,6 +273,7 @@ class Table {
   // per shard).
   alignas(64) std::atomic<uint64_t> read_hits_{0};
   std::atomic<uint64_t> read_misses_{0};
+  std::atomic<uint64_t> read_retries_{0};
   alignas(64) TimerSet timers_;
   // Checkpoints (snapshot.hpp). snapshot_gen_ counts snapshots begun; it changes only while
   // snapshot_busy_ is held (one snapshot at a time), and writers read it under a shard lock.

@@ -18,7 +18,8 @@ exact to within 12.5%; ``max_us`` is exact).
 Counters (``Table.stats()``), kept per shard and summed on read: size, capacity, hits,
 misses, inserts, evictions, erased, lock_waits and lock_wait_us (shard-lock acquisitions
 that had to block, and their total wait), reused_rows (applied ids whose row came from
-the training lookup before, see docs/semantics.md), arena_bytes_in_use.
+the training lookup before, see docs/semantics.md), read_retries (lock-free read tasks a
+concurrent writer got in the way of, redone row by row), arena_bytes_in_use.
 
 Switches, read at import:
 
@@ -197,6 +198,7 @@ _COUNTERS = (
     ("erased", "counter", "rows removed by erase"),
     ("lock_waits", "counter", "shard-lock acquisitions that had to wait"),
     ("reused_rows", "counter", "applied ids whose row the lookup before had resolved"),
+    ("read_retries", "counter", "lock-free read tasks redone row by row after a writer raced"),
     ("size", "gauge", "rows present"),
     ("capacity", "gauge", "most rows the table holds"),
     ("arena_bytes_in_use", "gauge", "bytes of arena rows ever claimed"),

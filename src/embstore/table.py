@@ -539,7 +539,8 @@ class Table:
         """Return counters: size, capacity, dim, num_shards, hits, misses, inserts,
         evictions (by CLOCK and by :meth:`evict`), erased, admitted and rejected (admission
         filter), lock_waits, lock_wait_us, reused_rows (applied ids whose row the training
-        lookup before had resolved), arena_bytes_in_use, row_stride (floats),
+        lookup before had resolved), read_retries (lock-free read tasks a concurrent writer
+        got in the way of, redone row by row), arena_bytes_in_use, row_stride (floats),
         bytes_per_row, and ``latency``: per
         operation and batch stage, ``{"count", "p50_us", "p95_us", "p99_us", "max_us",
         "mean_us"}`` (see :mod:`embstore.metrics`)."""
