@@ -47,6 +47,18 @@ def _run_threads(workers: list[Callable[[], None]]) -> None:
             f.result()
 
 
+def _summing_table(dim: int, capacity: int, num_shards: int) -> embstore.Table:
+    """SGD(lr=1) on zero rows, 2 threads: every row is minus the sum of its gradients."""
+    return Config(
+        dim=dim,
+        capacity=capacity,
+        optimizer=SGDSpec(lr=1.0),
+        initializer=ZerosSpec(),
+        num_shards=num_shards,
+        num_threads=2,
+    ).table()
+
+
 def _check_row_consistent(rows: np.ndarray, low: float) -> None:
     """Every row has equal elements (no half-applied update), is a multiple of STEP and
     lies in [low, 0]."""
@@ -63,14 +75,7 @@ def test_concurrent_applies_are_exact(num_shards: int) -> None:
     others read: every read is row-consistent and the final rows equal the exact total."""
     seed = _seed(1234 + num_shards)
     dim, universe, rounds = 64, 512, 60
-    t = Config(
-        dim=dim,
-        capacity=10_000,
-        optimizer=SGDSpec(lr=1.0),
-        initializer=ZerosSpec(),
-        num_shards=num_shards,
-        num_threads=2,
-    ).table()
+    t = _summing_table(dim, 10_000, num_shards)
     counts = [np.zeros(universe, np.int64) for _ in range(THREADS)]
     stop = threading.Event()
     max_total = float(rounds * 400 * 4 * THREADS * STEP)
@@ -175,14 +180,7 @@ def test_concurrent_applies_with_eviction_stay_consistent() -> None:
     row-consistent (equal elements, a whole number of updates), never beyond the total."""
     seed = _seed(7)
     dim, capacity, universe, rounds = 32, 64, 400, 80
-    t = Config(
-        dim=dim,
-        capacity=capacity,
-        optimizer=SGDSpec(lr=1.0),
-        initializer=ZerosSpec(),
-        num_shards=4,
-        num_threads=2,
-    ).table()
+    t = _summing_table(dim, capacity, 4)
     max_total = float(rounds * 16 * THREADS * STEP)
 
     def writer(w: int) -> Callable[[], None]:
@@ -242,14 +240,7 @@ def test_reads_racing_an_apply_are_redone_row_by_row(insert: bool) -> None:
     locked path for the whole batch: every row and every pooled sum stays consistent, and
     the rows are exact once the writer is done."""
     dim, universe, applies = 16, 40_000, 40
-    t = Config(
-        dim=dim,
-        capacity=universe,
-        optimizer=SGDSpec(lr=1.0),
-        initializer=ZerosSpec(),
-        num_shards=8,
-        num_threads=2,
-    ).table()
+    t = _summing_table(dim, universe, 8)
     keys = np.arange(universe, dtype=np.uint64)
     t.lookup(keys)  # all present: the reads never need the locked path to insert
     off = np.arange(0, universe + 1, 4, dtype=np.int64)
