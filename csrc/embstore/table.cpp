@@ -445,25 +445,7 @@ struct BatchRunner {
     for (size_t j = lo; j < std::min(hi, lo + kRowAhead); ++j) {
       if (!probe(j)) return stop();
     }
-    if (r.offsets == nullptr) {  // lookup: each id's row, copied exactly
-      for (size_t j = lo; j < hi; ++j) {
-        const float* src = row_of(j);
-        if (src == nullptr) return stop();
-        copy_row<kDim>(r.out + j * dim, src, dim);
-      }
-    } else {
-      for (size_t bag = bag_lo; bag < bag_hi; ++bag) {
-        const size_t begin = bag_begin(bag), end = bag_begin(bag + 1);
-        if ((bag & 63) == 0 && abort.load(std::memory_order_relaxed)) return;
-        float* out = r.out + bag * dim;
-        if (begin == end) {  // an empty bag reads zeros
-          std::memset(out, 0, dim * sizeof(float));
-          continue;
-        }
-        if (!pool_bag<kDim>(out, begin, end, r.weights, r.mode, dim, row_of)) return stop();
-      }
-    }
-    if (!versions.valid()) stop();
+    if (!write_bags<kDim>(r, bag_lo, bag_hi, dim, abort, row_of) || !versions.valid()) stop();
   }
 
   // The careful redo of a task the fast kernel raced (W3: with applies running, 70% of
@@ -521,20 +503,36 @@ struct BatchRunner {
       if (row != kNoRow) copy_row<0>(scratch.data(), t.row_ptr(sh, row), dim);
       return found(row);
     };
+    if (!write_bags<0>(r, bag_lo, bag_hi, dim, abort, validated_row)) {
+      abort.store(true, std::memory_order_relaxed);
+    }
+  }
+
+  // Writes bags [bag_lo, bag_hi) of r.out from row_of(j) (id j's row, or nullptr to stop):
+  // with offsets, each bag's pooled sum (zeros for an empty bag); without, each id's row
+  // copied exactly. False if row_of stopped; true otherwise, also when it returned early
+  // because another task of the request set `abort` (checked every 64 bags).
+  template <size_t kDim, typename RowOf>
+  static bool write_bags(const LookupSumRequest& r, size_t bag_lo, size_t bag_hi, size_t dim,
+                         const std::atomic<bool>& abort, const RowOf& row_of) {
     for (size_t bag = bag_lo; bag < bag_hi; ++bag) {
-      const size_t begin = bag_begin(bag), end = bag_begin(bag + 1);
-      if ((bag & 63) == 0 && abort.load(std::memory_order_relaxed)) return;
+      if ((bag & 63) == 0 && abort.load(std::memory_order_relaxed)) return true;
       float* out = r.out + bag * dim;
       if (r.offsets == nullptr) {  // lookup: the row, copied exactly
-        const float* src = validated_row(begin);
-        if (src == nullptr) return abort.store(true, std::memory_order_relaxed);
-        copy_row<0>(out, src, dim);
-      } else if (begin == end) {
+        const float* src = row_of(bag);
+        if (src == nullptr) return false;
+        copy_row<kDim>(out, src, dim);
+        continue;
+      }
+      const size_t begin = static_cast<size_t>(r.offsets[bag]);
+      const size_t end = static_cast<size_t>(r.offsets[bag + 1]);
+      if (begin == end) {  // an empty bag reads zeros
         std::memset(out, 0, dim * sizeof(float));
-      } else if (!pool_bag<0>(out, begin, end, r.weights, r.mode, dim, validated_row)) {
-        return abort.store(true, std::memory_order_relaxed);
+      } else if (!pool_bag<kDim>(out, begin, end, r.weights, r.mode, dim, row_of)) {
+        return false;
       }
     }
+    return true;
   }
 
   // Sums (or averages) the rows of ids [begin, end) into out, in id order (docs/semantics.md:
