@@ -1446,7 +1446,9 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
     aborted[k].store(track, std::memory_order_relaxed);
   }
   std::vector<BatchRunner::ReadTask>& reads = read_tasks;
-  std::vector<uint64_t*> read_places(R);  // per id: its place, written by the read tasks
+  // Per id: its place, written by the read tasks (and by gather_shard if the request goes
+  // to the locked path; a request's places are kept only if it inserts).
+  std::vector<uint64_t*> read_places(R);
   for (size_t k = 0; k < R; ++k) {
     spaces[k]->resolution.places.resize(requests[k].n);
     read_places[k] = spaces[k]->resolution.places.data();
@@ -1493,7 +1495,6 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
     const LookupSumRequest& r = requests[k];
     BatchRunner::plan(*r.table, r.keys, r.n, *spaces[k]);
     if (!spaces[k]->one_hot) spaces[k]->rows.resize(r.n * r.table->dim());
-    if (r.insert) spaces[k]->resolution.places.resize(r.n);  // gather_shard records rows
   });
   clock.lap(Timer::kStagePlan);
   TaskSpace shard_tasks;
