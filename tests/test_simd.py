@@ -8,6 +8,9 @@ levels and requires identical outputs, rows and optimizer state.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -94,3 +97,14 @@ def test_set_simd_level_checks_its_argument() -> None:
         _core.set_simd_level("sse9")
     _core.set_simd_level("baseline")
     assert _core.simd_level() == "baseline"
+
+
+def test_environment_variable_forces_the_baseline() -> None:
+    """EMBSTORE_SIMD=baseline, read at first use, keeps a process on the baseline kernels."""
+    code = "from embstore import _core; print(_core.simd_level())"
+    env = {**os.environ, "EMBSTORE_SIMD": "baseline"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "baseline"
