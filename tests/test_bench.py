@@ -210,20 +210,30 @@ def test_targets_verdicts() -> None:
         _row("torch", 32, 8, 2, 3.0, 50.0),
     ]
     got = {(v.key, v.pooling): v for v in evaluate(results, [32], [1, 8], [1, 2])}
-    # FBGEMM / embstore step: L=1 2.5, 2.5 -> PASS; L=8 2.5, 3.0 -> PASS
-    assert got[("fbgemm", 1)].values == {1: 2.5, 2: 2.5} and got[("fbgemm", 1)].status == "PASS"
-    assert got[("fbgemm", 8)].status == "PASS"
+    # A peer counts at its best thread count; the status is judged at 2 threads.
+    # FBGEMM / embstore step: L=1 best 2.5 -> 1.25, 2.5 -> PASS; L=8 best 30 -> 1.5, 3.0 -> PASS
+    assert got[("fbgemm", 1)].values == {1: 1.25, 2: 2.5} and got[("fbgemm", 1)].status == "PASS"
+    assert got[("fbgemm", 8)].values == {1: 1.5, 2: 3.0} and got[("fbgemm", 8)].status == "PASS"
+    assert got[("fbgemm", 8)].judged_at == 2
     assert got[("fbgemm", 8)].others_cores == 0.5  # the noisiest row it reads
-    # step / floor: L=1 1.33, 1.0 -> PASS; L=8 4.0, 2.0 -> MISS
-    assert got[("floor", 1)].status == "PASS" and got[("floor", 8)].status == "MISS"
+    assert got[("fbgemm", 1)].others_cores == 0.0  # embstore's 1-thread row is not judged
+    # step / floor: L=1 1.33, 1.0 -> PASS; L=8 4.0, 2.0 -> PASS (judged at 2 threads)
+    assert got[("floor", 1)].status == "PASS" and got[("floor", 8)].status == "PASS"
+    assert got[("floor", 8)].values == {1: 4.0, 2: 2.0}
     # no pandas rows: n/a, no value
     assert got[("pandas", 1)].status == "n/a" and got[("pandas", 1)].values == {1: None, 2: None}
-    # embstore fwd / torch fwd: L=1 threshold 1.5 (1.43, 1.33 PASS); L=8 1.25 (1.14, 1.33 MISS)
+    # embstore fwd / torch's best fwd: L=1 threshold 1.5 (0.6: 1.67, 1.33 -> PASS);
+    # L=8 1.25 (3.0: 2.67, 1.33 -> MISS)
     assert got[("torch_fwd", 1)].threshold == 1.5 and got[("torch_fwd", 1)].status == "PASS"
     assert got[("torch_fwd", 8)].threshold == 1.25 and got[("torch_fwd", 8)].status == "MISS"
+    assert got[("torch_fwd", 8)].values[1] == pytest.approx(8.0 / 3.0)
     # scaling: only L > 1, only N > 1 threads: 20 / 10 = 2.0 -> PASS
     assert ("scaling", 1) not in got
     assert got[("scaling", 8)].values == {1: None, 2: 2.0} and got[("scaling", 8)].status == "PASS"
+    # Without a 2-thread run the status is judged at the most threads run.
+    only_one = evaluate(results, [32], [8], [1])
+    assert {v.key: v.status for v in only_one}["floor"] == "MISS"
+    assert all(v.judged_at == 1 for v in only_one)
 
 
 # --------------------------------------------------------------------------------------

@@ -149,8 +149,10 @@ def format_summary(results: Sequence[dict[str, Any]]) -> str:
 
 
 def format_targets(verdicts: Sequence[Verdict], threads: Sequence[int]) -> str:
-    """The targets table: one line per (target, D, L), the value per thread count."""
-    head = ["target", "D", "L", *(f"threads {t}" for t in threads), "status", "others"]
+    """The targets table: one line per (target, D, L), the value per embstore thread count
+    (peers at their best thread count) and the status at the thread count it is judged at."""
+    judged = f"status at {verdicts[0].judged_at} threads" if verdicts else "status"
+    head = ["target", "D", "L", *(f"embstore {t} thread(s)" for t in threads), judged, "others"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in verdicts:
         vals = [
@@ -246,9 +248,10 @@ def format_report(report: dict[str, Any]) -> str:
             format_targets(evaluate(results, dims, pools, threads), threads),
             "",
             (
-                "PASS: every thread count meets the target; n/a: a peer it needs did not run; "
-                "others: the most cores other processes used while the rows it reads were timed "
-                "(above ~0.2 the verdict is unreliable)."
+                "Each peer at its best (lowest) median over the thread counts run; the status "
+                "is judged at the issue's thread count (2, else the most run); n/a: a peer it "
+                "needs did not run; others: the most cores other processes used while the rows "
+                "the judged value reads were timed (above ~0.2 the verdict is unreliable)."
             ),
             "",
         ]

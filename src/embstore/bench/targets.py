@@ -1,10 +1,14 @@
 """Issue 3's performance targets (DESIGN.md), evaluated on one run's results.
 
 Every target is a ratio of two figures measured in the same run, per ``(D, L)`` and per
-thread count, so that the verdict never compares medians from different runs. A target
-PASSes for a ``(D, L)`` when every thread count that has a value meets it; it is ``n/a``
-when a peer it needs was not run (skipped), and MISS otherwise. Nothing is rounded in
-embstore's favour: the value is the ratio of the two medians as printed in the table.
+embstore thread count, so that the verdict never compares medians from different runs. A
+peer's figure is its best (lowest) median over the thread counts run: a peer that runs
+slower on more threads (FBGEMM's CPU TBE, torch under contention) is never held to its
+slower figure. The issue states its targets at 2 threads, so the status is decided by the
+value at ``TARGET_THREADS`` (or at the most threads run, when the run has no such count);
+the other thread counts are shown for context. A target is ``n/a`` when a peer it needs was
+not run (skipped). Nothing is rounded in embstore's favour: the value is the ratio of the
+two medians as printed in the tables.
 
 The targets are defined for W1 at full size (``--full``: U = 1e6); on other sizes the
 verdicts are indicative only, which the report says.
@@ -24,6 +28,9 @@ Index = Mapping[tuple[str, int, int, int], Row]
 
 _OPS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": operator.le}
 
+#: The thread count issue 3 states its targets at.
+TARGET_THREADS = 2
+
 
 def index_results(results: Sequence[Row]) -> dict[tuple[str, int, int, int], Row]:
     """Result rows by ``(peer, D, L, threads)`` (single-threaded peers appear in every
@@ -35,6 +42,16 @@ def _ms(ix: Index, peer: str, d: int, lp: int, t: int, what: str) -> float | Non
     row = ix.get((peer, d, lp, t))
     val = None if row is None else row.get(what)
     return float(val) if val is not None and math.isfinite(val) and val > 0 else None
+
+
+def _best_ms(ix: Index, peer: str, d: int, lp: int, what: str) -> float | None:
+    """A peer's lowest median over the thread counts it ran at ``(D, L)``."""
+    vals = [
+        v
+        for (p, dd, ll, t) in ix
+        if (p, dd, ll) == (peer, d, lp) and (v := _ms(ix, peer, d, lp, t, what)) is not None
+    ]
+    return min(vals) if vals else None
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -59,14 +76,14 @@ class Target:
 
 def _peer_over_embstore(peer: str, what: str) -> Callable[[Index, int, int, int], float | None]:
     def value(ix: Index, d: int, lp: int, t: int) -> float | None:
-        return _ratio(_ms(ix, peer, d, lp, t, what), _ms(ix, "embstore", d, lp, t, what))
+        return _ratio(_best_ms(ix, peer, d, lp, what), _ms(ix, "embstore", d, lp, t, what))
 
     return value
 
 
 def _embstore_fwd_over_torch(ix: Index, d: int, lp: int, t: int) -> float | None:
     return _ratio(
-        _ms(ix, "embstore", d, lp, t, "forward_ms"), _ms(ix, "torch", d, lp, t, "forward_ms")
+        _ms(ix, "embstore", d, lp, t, "forward_ms"), _best_ms(ix, "torch", d, lp, "forward_ms")
     )
 
 
@@ -132,7 +149,8 @@ TARGETS: tuple[Target, ...] = (
 
 @dataclass
 class Verdict:
-    """One target at one ``(D, L)``: the value at each thread count and the status."""
+    """One target at one ``(D, L)``: the value at each embstore thread count, and the status
+    (decided at ``judged_at`` threads)."""
 
     key: str
     text: str
@@ -142,6 +160,7 @@ class Verdict:
     threshold: float
     values: dict[int, float | None] = field(default_factory=dict)
     status: str = "n/a"
+    judged_at: int = TARGET_THREADS
     #: Largest ``others`` (cores used by other processes) of the rows the values read.
     others_cores: float | None = None
 
@@ -155,26 +174,31 @@ def evaluate(
 ) -> list[Verdict]:
     """Every target at every ``(D, L)`` of the run, in target order."""
     ix = index_results(results)
+    judged_at = TARGET_THREADS if TARGET_THREADS in threads else max(threads)
     out = []
     for tg in targets:
         for d in dims:
             for lp in poolings:
                 if not tg.applies(lp):
                     continue
-                v = Verdict(tg.key, tg.text, d, lp, tg.op, tg.threshold(lp))
-                noise: list[float] = []
+                v = Verdict(tg.key, tg.text, d, lp, tg.op, tg.threshold(lp), judged_at=judged_at)
                 for t in threads:
                     v.values[t] = tg.value(ix, d, lp, t)
-                    if v.values[t] is not None:
-                        for p in tg.peers:
-                            for tt in {t, 1} if tg.key == "scaling" else {t}:
-                                o = ix.get((p, d, lp, tt), {}).get("others_cores")
-                                if o is not None:
-                                    noise.append(float(o))
-                vals = [x for x in v.values.values() if x is not None]
-                if vals:
-                    ok = all(_OPS[tg.op](x, v.threshold) for x in vals)
-                    v.status = "PASS" if ok else "MISS"
-                v.others_cores = max(noise) if noise else None
+                judged = v.values.get(judged_at)
+                if judged is not None:
+                    v.status = "PASS" if _OPS[tg.op](judged, v.threshold) else "MISS"
+                    # The noise of the rows the judged value reads (a peer's at any count).
+                    noise = [
+                        float(row["others_cores"])
+                        for (p, dd, ll, t), row in ix.items()
+                        if (dd, ll) == (d, lp)
+                        and p in tg.peers
+                        and (
+                            p != "embstore"
+                            or t in ({judged_at, 1} if tg.key == "scaling" else {judged_at})
+                        )
+                        and row.get("others_cores") is not None
+                    ]
+                    v.others_cores = max(noise) if noise else None
                 out.append(v)
     return out
