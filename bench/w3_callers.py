@@ -42,8 +42,19 @@ def main() -> None:
     g = embstore.TableGroup(group)
     names = list(group)
 
+    def contention() -> tuple[int, int, float]:
+        """Raced read tasks redone, lock acquisitions that waited, and their total wait (ms),
+        summed over the tables."""
+        stats = [t.stats() for t in group.values()]
+        return (
+            sum(int(s["read_retries"]) for s in stats),
+            sum(int(s["lock_waits"]) for s in stats),
+            sum(float(s["lock_wait_us"]) for s in stats) / 1e3,
+        )
+
     def run(k_threads: int) -> str:
         latencies: dict[str, list[float]] = {"fwd": [], "apply": []}
+        before = contention()
         ids = [0]
         lock = threading.Lock()
         stop = time.perf_counter() + args.seconds
@@ -78,14 +89,20 @@ def main() -> None:
         for kind in ("fwd", "apply"):
             v = np.array(latencies[kind]) * 1e3
             row += f" {np.median(v):.1f} / {np.percentile(v, 99):.1f} |" if v.size else " - |"
+        calls = len(latencies["fwd"]) + len(latencies["apply"])
+        retries, waits, wait_ms = (a - b for a, b in zip(contention(), before))
+        row += f" {calls} | {retries} | {waits} ({wait_ms:.0f} ms) |"
         return row
 
     print(
         f"W3: T={args.tables} U={args.universe:,} L=8 D=32, tables num_threads="
         f"{args.core_threads}, {args.seconds:g} s per K\n"
     )
-    print("| K | aggregate ids/s | forward P50 / P99 ms | apply P50 / P99 ms |")
-    print("|---|---|---|---|")
+    print(
+        "| K | aggregate ids/s | forward P50 / P99 ms | apply P50 / P99 ms | calls "
+        "| read tasks redone | lock waits (total wait) |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for k in (int(x) for x in args.threads.split(",")):
         print(run(k), flush=True)
 
