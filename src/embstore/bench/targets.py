@@ -161,7 +161,7 @@ class Verdict:
     values: dict[int, float | None] = field(default_factory=dict)
     status: str = "n/a"
     judged_at: int = TARGET_THREADS
-    #: Largest ``others`` (cores used by other processes) of the rows the values read.
+    #: Largest ``others`` (cores used by other processes) of the rows the judged value reads.
     others_cores: float | None = None
 
 
