@@ -11,6 +11,7 @@
 #include <pthread.h>  // pthread_atfork
 #include <stdexcept>  // std::invalid_argument
 #include <string>     // std::to_string
+#include <utility>    // std::pair
 
 #include "embstore/errors.hpp"       // CapacityError
 #include "embstore/hash.hpp"         // mix64
@@ -344,6 +345,27 @@ struct BatchRunner {
     std::vector<uint32_t>* touched_;  // the shards noted, in first-probe order
   };
 
+  // Resets `task` to bags [bag_lo, bag_hi) of r and returns their ids [lo, hi).
+  static std::pair<size_t, size_t> start_task(const LookupSumRequest& r, size_t bag_lo,
+                                              size_t bag_hi, ReadTask& task) noexcept {
+    const auto bag_begin = [&](size_t b) {
+      return r.offsets == nullptr ? b : static_cast<size_t>(r.offsets[b]);
+    };
+    const size_t lo = bag_begin(bag_lo), hi = bag_begin(bag_hi);
+    task.first_id = lo;
+    task.count = hi - lo;
+    task.misses = 0;
+    task.raced = false;
+    return {lo, hi};
+  }
+
+  // A row of `dim` zeros (what a missing id reads), one buffer per thread.
+  static const float* zero_row(size_t dim) {
+    thread_local std::vector<float> zeros;
+    if (zeros.size() < dim) zeros.assign(dim, 0.0f);
+    return zeros.data();
+  }
+
   // The task's bags: the fast kernel, or (careful) the row-by-row retry of a raced task.
   static void read_bags(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
                         std::atomic<bool>& abort, ReadTask& task, uint64_t* places,
@@ -393,16 +415,8 @@ struct BatchRunner {
   static void read_bags_impl(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
                              std::atomic<bool>& abort, ReadTask& task, uint64_t* places) {
     const size_t dim = kDim != 0 ? kDim : t.dim();
-    const auto bag_begin = [&](size_t b) {
-      return r.offsets == nullptr ? b : static_cast<size_t>(r.offsets[b]);
-    };
-    const size_t lo = bag_begin(bag_lo), hi = bag_begin(bag_hi);
-    thread_local std::vector<float> zeros;
-    if (zeros.size() < dim) zeros.assign(dim, 0.0f);
-    task.first_id = lo;
-    task.count = hi - lo;
-    task.misses = 0;
-    task.raced = false;
+    const auto [lo, hi] = start_task(r, bag_lo, bag_hi, task);
+    const float* zeros = zero_row(dim);
     ShardVersions versions(t);
     uint64_t hashes[kRing];  // id j's hash at j % kRing, from its slot prefetch
     const float* rows[kRing];  // id j's row (zeros if absent) at j % kRing, from its probe
@@ -428,7 +442,7 @@ struct BatchRunner {
         rows[j % kRing] = src;
         places[j] = RowResolution::place(s, row);
       } else {
-        rows[j % kRing] = zeros.data();
+        rows[j % kRing] = zeros;
         places[j] = RowResolution::kUnresolved;
         ++task.misses;
       }
@@ -460,17 +474,10 @@ struct BatchRunner {
                                 uint64_t* places) {
     constexpr int kAttempts = 4;  // lock-free tries per id, then the lock
     const size_t dim = t.dim();
-    const auto bag_begin = [&](size_t b) {
-      return r.offsets == nullptr ? b : static_cast<size_t>(r.offsets[b]);
-    };
-    const size_t lo = bag_begin(bag_lo), hi = bag_begin(bag_hi);
-    thread_local std::vector<float> scratch, zeros;
+    const auto [lo, hi] = start_task(r, bag_lo, bag_hi, task);
+    const float* zeros = zero_row(dim);
+    thread_local std::vector<float> scratch;
     if (scratch.size() < dim) scratch.resize(dim);
-    if (zeros.size() < dim) zeros.assign(dim, 0.0f);
-    task.first_id = lo;
-    task.count = hi - lo;
-    task.misses = 0;
-    task.raced = false;
     // id j's row (scratch or zeros), or nullptr for an id to insert.
     const auto validated_row = [&](size_t j) -> const float* {
       if (j + kSlotAhead < hi) {
@@ -485,7 +492,7 @@ struct BatchRunner {
           if (r.insert) return nullptr;
           places[j] = RowResolution::kUnresolved;
           ++task.misses;
-          return zeros.data();
+          return zeros;
         }
         places[j] = RowResolution::place(s, row);
         return scratch.data();
