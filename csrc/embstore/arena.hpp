@@ -5,7 +5,9 @@
 // table never uses are never touched, so resident memory follows the rows actually stored
 // and stays flat once the table is full. Not synchronised: shards own disjoint row ranges.
 //
-// ZeroedBuffer<T>: a zero-filled array (the index, whose empty slot is all-zero bits).
+// ZeroedBuffer<T>: a zero-filled array (a shard's bitmaps).
+// BufferSlice<T>: a typed view of memory owned elsewhere (a shard's index and row metadata,
+// carved from its table's one huge-page mapping; all-zero bits are an empty slot).
 #pragma once
 
 #include <cstddef>  // size_t

@@ -48,7 +48,7 @@
 #include <mutex>    // std::mutex
 #include <vector>   // std::vector
 
-#include "embstore/arena.hpp"  // ZeroedBuffer
+#include "embstore/arena.hpp"  // ZeroedBuffer, BufferSlice, LargeBuffer
 #include "embstore/hash.hpp"   // fast_range32
 
 namespace embstore {
