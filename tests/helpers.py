@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,7 @@ from reference import (
 )
 
 import embstore
+from embstore import _core
 
 COUNTERS = ("hits", "misses", "inserts", "evictions", "erased", "admitted", "rejected")
 UNIFORM = UniformSpec(low=-0.5, high=0.5, seed=7)
@@ -224,3 +227,15 @@ def random_op(
         g = rng.standard_normal((keys.shape[0], t.dim)).astype(np.float32)
         t.apply_gradients(keys, g)
         ref.apply_gradients(keys, g)
+
+
+@contextlib.contextmanager
+def kernels_at(level: str) -> Iterator[None]:
+    """Runs the block on embstore's ``level`` kernels ("baseline" or "avx2"), then restores
+    the level in use before (also when the block raises)."""
+    before = _core.simd_level()
+    _core.set_simd_level(level)
+    try:
+        yield
+    finally:
+        _core.set_simd_level(before)

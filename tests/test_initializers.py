@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import Config, assert_rows_equal, u64
+from helpers import Config, assert_rows_equal, kernels_at, u64
 from reference import (
     InitSpec,
     NormalSpec,
@@ -106,12 +106,8 @@ def test_gaussian_kernels_within_one_float32_ulp_of_libm(
         pytest.skip("this CPU (or EMBSTORE_SIMD) runs the baseline only")
     keys = _ids(rng, 8000)
     table = Config(dim=33, capacity=10, initializer=init).table()
-    before = _core.simd_level()
-    _core.set_simd_level(level)
-    try:
+    with kernels_at(level):
         got = table.initial_values(keys)
-    finally:
-        _core.set_simd_level(before)
     want = initial_rows(init, keys, 33)
     ulps = np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32).astype(np.int64))
     assert ulps.max() <= 1

@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from helpers import Config, random_offsets, u64
+from helpers import Config, kernels_at, random_offsets, u64
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import (
@@ -42,17 +41,14 @@ OPTIMIZERS: list[OptSpec] = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _restore_level() -> Iterator[None]:
-    before = _core.simd_level()
-    yield
-    _core.set_simd_level(before)
-
-
 def _run(level: str, cfg: Config, seed: int, steps: int) -> list[np.ndarray]:
     """A training sequence (pooled lookups with weights or mean, applies, plain lookups) at
     ``level``: every output, then the final rows and state of every id."""
-    _core.set_simd_level(level)
+    with kernels_at(level):
+        return _train(cfg, seed, steps)
+
+
+def _train(cfg: Config, seed: int, steps: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     t = cfg.table()
     universe = u64(rng.choice(1 << 40, size=64, replace=False))
@@ -95,8 +91,8 @@ def test_levels_agree_bit_for_bit(dim: int, optimizer: OptSpec, shards: int, see
 def test_set_simd_level_checks_its_argument() -> None:
     with pytest.raises(ValueError, match="baseline"):
         _core.set_simd_level("sse9")
-    _core.set_simd_level("baseline")
-    assert _core.simd_level() == "baseline"
+    with kernels_at("baseline"):
+        assert _core.simd_level() == "baseline"
 
 
 def test_environment_variable_forces_the_baseline() -> None:
