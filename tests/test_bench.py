@@ -6,6 +6,10 @@ Optional peers and tools (torch, FBGEMM, matplotlib) are skipped when not instal
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -314,3 +318,35 @@ def test_plot_without_matplotlib_fails_before_running(
         cli.main(["--plot", "x.png"])
     assert exc.value.code == 2
     assert "needs matplotlib" in capsys.readouterr().err
+
+
+def test_w3_runner_reports_throughput_latency_and_contention_per_k() -> None:
+    """bench/w3_callers.py at a tiny size: one row per K with ids/s, each call type's
+    P50 / P99, and the contention columns (calls, read tasks redone, lock waits)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    args = ["--tables", "2", "--universe", "4096", "--seconds", "0.3", "--threads", "1,2"]
+    out = subprocess.run(
+        [sys.executable, str(root / "bench" / "w3_callers.py"), *args],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("| K |"))
+    assert "read tasks redone" in header and "lock waits (total wait)" in header
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2:-1]
+        for line in lines[1:]
+        if line[:3] in ("| 1", "| 2")
+    }
+    assert set(rows) == {"1", "2"}
+    for k, cells in rows.items():
+        ids_per_s, fwd, apply, calls, redone, waits = (c.strip() for c in cells)
+        assert float(ids_per_s.removesuffix(" M")) > 0
+        assert " / " in fwd and int(calls) > 0 and int(redone) >= 0
+        assert int(waits.split(" (")[0]) >= 0 and waits.endswith(" ms)")
+        assert apply == "-" if k == "1" else " / " in apply  # K=1 runs forward callers only
