@@ -6,7 +6,6 @@ Optional peers and tools (torch, FBGEMM, matplotlib) are skipped when not instal
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -324,12 +323,10 @@ def test_w3_runner_reports_throughput_latency_and_contention_per_k() -> None:
     """bench/w3_callers.py at a tiny size: one row per K with ids/s, each call type's
     P50 / P99, and the contention columns (calls, read tasks redone, lock waits)."""
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root / "src")}
     args = ["--tables", "2", "--universe", "4096", "--seconds", "0.3", "--threads", "1,2"]
     out = subprocess.run(
         [sys.executable, str(root / "bench" / "w3_callers.py"), *args],
-        check=False,
-        env=env,
+        check=False,  # the embstore this test imports (installed, or PYTHONPATH=src)
         capture_output=True,
         text=True,
         timeout=300,
