@@ -142,6 +142,36 @@ class Bitmap {
   ZeroedBuffer<uint64_t> words_;
 };
 
+// What a probe of one shard's index reads: the Shard's own find and prefetch use it, and the
+// table keeps a copy per shard in one array (Table::views_), so the lock-free read kernel
+// reaches a slot without first loading the Shard object (W1 D=32 L=8 forward, 1 thread:
+// 6-14% faster, in-process A/B rounds).
+struct IndexView {
+  const Slot* slots;
+  uint32_t num_slots;
+  uint32_t num_rows;
+
+  uint32_t home(uint64_t hash) const noexcept { return fast_range32(hash, num_slots); }
+  uint32_t next(uint32_t pos) const noexcept { return pos + 1 == num_slots ? 0 : pos + 1; }
+  // Prefetches the index slot where a probe for `hash` starts.
+  void prefetch(uint64_t hash) const noexcept { __builtin_prefetch(slots + home(hash)); }
+  // The row of `id`, kNoRow when absent, or kRetry when the index looked inconsistent (it
+  // may race with a writer: the caller validates the shard's version afterwards).
+  EMBSTORE_NO_SANITIZE_THREAD uint32_t find_optimistic(uint64_t id, uint64_t hash) const noexcept {
+    uint32_t pos = home(hash);
+    for (uint32_t steps = 0; steps < num_slots; ++steps) {
+      // The row is loaded once (a relaxed atomic: free on x86), so the bounds-checked value
+      // is the one returned even if a writer changes the slot meanwhile; a torn id only
+      // fails the seqlock check later.
+      const uint32_t rp1 = __atomic_load_n(&slots[pos].row_plus1, __ATOMIC_RELAXED);
+      if (rp1 == 0) return kNoRow;
+      if (slots[pos].id == id) return rp1 - 1 < num_rows ? rp1 - 1 : kRetry;
+      pos = next(pos);
+    }
+    return kRetry;
+  }
+};
+
 class alignas(64) Shard {  // 64: a shard's lock and counters never share a cache line
  public:
   // `first_row`: this shard's first row in the table arena; `num_rows`: rows it may own;
@@ -182,19 +212,8 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   }
   // Lock-free probe (may race with a writer: the caller validates with read_valid). Returns
   // the row, kNoRow when absent, or kRetry when the index looked inconsistent.
-  EMBSTORE_NO_SANITIZE_THREAD uint32_t find_optimistic(uint64_t id, uint64_t hash) const noexcept {
-    const Slot* slots = slots_.get();
-    uint32_t pos = home(hash);
-    for (uint32_t steps = 0; steps < num_slots_; ++steps) {
-      // The row is loaded once (a relaxed atomic: free on x86), so the bounds-checked value
-      // is the one returned even if a writer changes the slot meanwhile; a torn id only
-      // fails the seqlock check later.
-      const uint32_t rp1 = __atomic_load_n(&slots[pos].row_plus1, __ATOMIC_RELAXED);
-      if (rp1 == 0) return kNoRow;
-      if (slots[pos].id == id) return rp1 - 1 < num_rows_ ? rp1 - 1 : kRetry;
-      pos = next(pos);
-    }
-    return kRetry;
+  uint32_t find_optimistic(uint64_t id, uint64_t hash) const noexcept {
+    return index_view().find_optimistic(id, hash);
   }
   // Takes the shard lock, counting (and timing) the acquisitions that have to wait: the
   // uncontended path is one try_lock and reads no clock.
@@ -302,9 +321,9 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   uint32_t claimed_rows() const noexcept { return used_; }
   uint32_t num_rows() const noexcept { return num_rows_; }
   // Prefetches the index slot where a probe for `hash` starts.
-  void prefetch(uint64_t hash) const noexcept {
-    __builtin_prefetch(slots_.get() + fast_range32(hash, num_slots_));
-  }
+  void prefetch(uint64_t hash) const noexcept { index_view().prefetch(hash); }
+  // The index as lock-free probes read it (its memory never moves).
+  IndexView index_view() const noexcept { return IndexView{slots_.get(), num_slots_, num_rows_}; }
 
   // Links `id` to the shard-local row `row` (which must be a row this shard just claimed),
   // recording `step` as its last step.
@@ -343,8 +362,8 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   ShardCounters counters;
 
  private:
-  uint32_t home(uint64_t hash) const noexcept { return fast_range32(hash, num_slots_); }
-  uint32_t next(uint32_t pos) const noexcept { return pos + 1 == num_slots_ ? 0 : pos + 1; }
+  uint32_t home(uint64_t hash) const noexcept { return index_view().home(hash); }
+  uint32_t next(uint32_t pos) const noexcept { return index_view().next(pos); }
   // The slot holding `id`, or the empty slot where it would go.
   uint32_t find_slot(uint64_t id, uint64_t hash) const noexcept {
     const Slot* slots = slots_.get();

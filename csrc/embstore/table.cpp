@@ -420,24 +420,26 @@ struct BatchRunner {
     ShardVersions versions(t);
     uint64_t hashes[kRing];  // id j's hash at j % kRing, from its slot prefetch
     const float* rows[kRing];  // id j's row (zeros if absent) at j % kRing, from its probe
+    const Table::ShardView* views = t.views_.data();
+    const size_t stride = t.arena_.stride();
     const auto prefetch_slot = [&](size_t j) {
       const uint64_t hash = mix64(r.keys[j]);
       hashes[j % kRing] = hash;
-      t.shards_[t.shard_of(hash)]->prefetch(hash);
+      views[t.shard_of(hash)].index.prefetch(hash);
     };
     const auto probe = [&](size_t j) -> bool {
       const uint64_t hash = hashes[j % kRing];
       const size_t s = t.shard_of(hash);
       if (!versions.note(s)) return false;
-      const Shard& sh = *t.shards_[s];
-      const uint32_t row = sh.find_optimistic(r.keys[j], hash);
+      const Table::ShardView& view = views[s];
+      const uint32_t row = view.index.find_optimistic(r.keys[j], hash);
       if (row == kRetry) return false;
       if (row == kNoRow && r.insert) {
         abort.store(true, std::memory_order_relaxed);  // an id to insert: the locked path
         return false;
       }
       if (row != kNoRow) {
-        const float* src = t.row_ptr(sh, row);
+        const float* src = view.rows + row * stride;
         prefetch_lines(src, dim * sizeof(float));
         rows[j % kRing] = src;
         places[j] = RowResolution::place(s, row);
@@ -998,6 +1000,8 @@ Table::Table(const TableConfig& config)
     first += rows[s];
     memory += Shard::index_bytes(rows[s]);
   }
+  views_.reserve(S);
+  for (const auto& sh : shards_) views_.push_back({sh->index_view(), row_ptr(*sh, 0)});
   ThreadPool::global().ensure_helpers(config_.num_threads - 1);
   ForkGuard::add(this);
 }

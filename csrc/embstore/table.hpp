@@ -40,7 +40,7 @@
 #include "embstore/arena.hpp"   // RowArena
 #include "embstore/config.hpp"   // TableConfig
 #include "embstore/metrics.hpp"  // TimerSet, Timer
-#include "embstore/shard.hpp"   // Shard
+#include "embstore/shard.hpp"   // Shard, IndexView
 #include "embstore/resolution.hpp"  // RowResolution
 
 namespace embstore {
@@ -258,6 +258,13 @@ class Table {
   RowArena arena_;
   LargeBuffer shard_index_;  // every shard's index and row metadata (outlives shards_)
   std::vector<std::unique_ptr<Shard>> shards_;
+  // Per shard, what the lock-free read kernel needs, packed: its index and its first arena
+  // row (fixed at construction, like the memory they point into).
+  struct ShardView {
+    IndexView index;
+    float* rows;
+  };
+  std::vector<ShardView> views_;
   // Rows of capacity not in any shard's quota, lent to shards that grow beyond theirs.
   // sum(quota) + pool_ + rows lent == capacity, so len(table) <= capacity always.
   std::atomic<size_t> pool_{0};
