@@ -106,11 +106,14 @@ struct ShardCounters {
 class AtomicBitmap {
  public:
   explicit AtomicBitmap(size_t bits) : words_((bits + 63) / 64) {}
-  void set(uint32_t i) noexcept {
-    uint64_t* w = words_.get() + i / 64;
+  void set(uint32_t i) noexcept { set(words_.get(), i); }
+  // Sets bit i of the bitmap whose words are `words` (see words()).
+  static void set(uint64_t* words, uint32_t i) noexcept {
+    uint64_t* w = words + i / 64;
     const uint64_t bit = uint64_t{1} << (i % 64);
     if (!(__atomic_load_n(w, __ATOMIC_RELAXED) & bit)) __atomic_fetch_or(w, bit, __ATOMIC_RELAXED);
   }
+  uint64_t* words() noexcept { return words_.get(); }
   void clear(uint32_t i) noexcept {
     __atomic_fetch_and(words_.get() + i / 64, ~(uint64_t{1} << (i % 64)), __ATOMIC_RELAXED);
   }
@@ -239,6 +242,8 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   }
   // CLOCK reference bit of a row: set by every lookup and update of it.
   void reference(uint32_t row) noexcept { ref_bits_.set(row); }
+  // The reference bits' words, for AtomicBitmap::set (they never move).
+  uint64_t* reference_words() noexcept { return ref_bits_.words(); }
   bool referenced(uint32_t row) const noexcept { return ref_bits_.test(row); }
   // The row's last step (relaxed atomics: lock-free readers record it too).
   void touch(uint32_t row, uint32_t step) noexcept {

@@ -292,8 +292,8 @@ struct BatchRunner {
 
   // What one optimistic read task saw: ids [first_id, first_id + count) of its request, whose
   // places (shard << 32 | row, kUnresolved for a miss) it wrote to the request's places
-  // array. They are committed (CLOCK reference bits, hit counts) only when the whole request
-  // completed without the lock.
+  // array. It is committed (hit counts; CLOCK reference bits for a request that may insert)
+  // only when the whole request completed without the lock.
   struct ReadTask {
     size_t first_id = 0;
     size_t count = 0;
@@ -443,6 +443,7 @@ struct BatchRunner {
         prefetch_lines(src, dim * sizeof(float));
         rows[j % kRing] = src;
         places[j] = RowResolution::place(s, row);
+        if (!r.insert) AtomicBitmap::set(view.reference_words, row);  // see commit_reads
       } else {
         rows[j % kRing] = zeros;
         places[j] = RowResolution::kUnresolved;
@@ -497,6 +498,7 @@ struct BatchRunner {
           return zeros;
         }
         places[j] = RowResolution::place(s, row);
+        if (!r.insert) sh.reference(row);  // see commit_reads
         return scratch.data();
       };
       for (int attempt = 0; attempt < kAttempts; ++attempt) {
@@ -569,19 +571,25 @@ struct BatchRunner {
     return true;
   }
 
-  // Records a completed optimistic task: CLOCK reference bits and hit/miss counts (tables
-  // that track steps never read optimistically).
-  static void commit_reads(Table& t, const ReadTask& task, const uint64_t* places) {
-    for (size_t j = task.first_id; j < task.first_id + task.count; ++j) {
-      const uint64_t packed = places[j];
-      if (packed != RowResolution::kUnresolved) {
-        t.shards_[packed >> 32]->reference(static_cast<uint32_t>(packed));
+  // Records a completed optimistic task: its hit and miss counts and, for a request that may
+  // insert, its rows' CLOCK reference bits. A lookup that cannot insert sets each bit as it
+  // resolves the row (a second pass over every id's place cost 3-8% of a W1 forward). One
+  // that may insert must not: it aborts to the locked path at its first missing id, and the
+  // bits its parallel tasks had set by then would depend on the thread count, and with them
+  // which rows the locked path's inserts evict.
+  static void commit_reads(Table& t, const LookupSumRequest& r, const ReadTask& task,
+                           const uint64_t* places) {
+    if (r.insert) {
+      for (size_t j = task.first_id; j < task.first_id + task.count; ++j) {
+        const uint64_t packed = places[j];
+        if (packed != RowResolution::kUnresolved) {
+          AtomicBitmap::set(t.views_[packed >> 32].reference_words, static_cast<uint32_t>(packed));
+        }
       }
     }
     t.read_hits_.fetch_add(task.count - task.misses, std::memory_order_relaxed);
     t.read_misses_.fetch_add(task.misses, std::memory_order_relaxed);
   }
-
 
   // Copies the rows of shard s's ids to dst[i] (scaled by weights[i] when given), inserting
   // missing ids when `insert`; misses read zeros otherwise.
@@ -1001,7 +1009,9 @@ Table::Table(const TableConfig& config)
     memory += Shard::index_bytes(rows[s]);
   }
   views_.reserve(S);
-  for (const auto& sh : shards_) views_.push_back({sh->index_view(), row_ptr(*sh, 0)});
+  for (const auto& sh : shards_) {
+    views_.push_back({sh->index_view(), row_ptr(*sh, 0), sh->reference_words()});
+  }
   ThreadPool::global().ensure_helpers(config_.num_threads - 1);
   ForkGuard::add(this);
 }
@@ -1480,7 +1490,7 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
   pool.run(tasks.total(), workers, [&](size_t task) {  // commit what completed
     const size_t k = tasks.request_of(task);
     if (!aborted[k].load(std::memory_order_relaxed)) {
-      BatchRunner::commit_reads(*requests[k].table, reads[task], read_places[k]);
+      BatchRunner::commit_reads(*requests[k].table, requests[k], reads[task], read_places[k]);
     }
   });
   pool.run(R, workers, [&](size_t k) {  // training lookups leave their rows to the apply

@@ -263,6 +263,7 @@ class Table {
   struct ShardView {
     IndexView index;
     float* rows;
+    uint64_t* reference_words;
   };
   std::vector<ShardView> views_;
   // Rows of capacity not in any shard's quota, lent to shards that grow beyond theirs.
