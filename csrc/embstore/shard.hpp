@@ -133,6 +133,7 @@ class Bitmap {
   void set(uint32_t i) noexcept { words_.get()[i / 64] |= uint64_t{1} << (i % 64); }
   void clear(uint32_t i) noexcept { words_.get()[i / 64] &= ~(uint64_t{1} << (i % 64)); }
   bool test(uint32_t i) const noexcept { return (words_.get()[i / 64] >> (i % 64)) & 1; }
+  void prefetch(uint32_t i) const noexcept { __builtin_prefetch(words_.get() + i / 64); }
   size_t bytes() const noexcept { return words_.size() * sizeof(uint64_t); }
   size_t words() const noexcept { return words_.size(); }
   uint64_t* data() noexcept { return words_.get(); }
@@ -255,6 +256,8 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   }
   // Whether the row holds an id (free and never-claimed rows do not).
   bool occupied(uint32_t row) const noexcept { return occupied_.test(row); }
+  // Prefetches the word of the row's occupied bit (the apply checks it per id).
+  void prefetch_occupied(uint32_t row) const noexcept { occupied_.prefetch(row); }
   // Dirty bit: the row changed since the last checkpoint (set on insert and update).
   void mark_dirty(uint32_t row) noexcept { dirty_.set(row); }
   bool dirty(uint32_t row) const noexcept { return dirty_.test(row); }
