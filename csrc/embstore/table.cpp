@@ -825,9 +825,10 @@ struct BatchRunner {
     // (all occurrences of a missing id do, so each row's sum keeps the id order).
     uint32_t* missing = ws.order.data() + b;  // reused in place: slots [b, j) are done
     uint32_t num_missing = 0;
+    const uint32_t* bags = r.offsets != nullptr ? ws.bag_of.data() : nullptr;
     for (uint32_t j = b; j < e; ++j) {
       const uint32_t i = ws.order[j];
-      prefetch_inputs(ws, j, e, r.keys, places, r.offsets != nullptr ? ws.bag_of.data() : nullptr);
+      prefetch_inputs(ws, j, e, r.keys, places, bags);
       const uint64_t id = r.keys[i];
       uint32_t row = kNoRow;
       if (places != nullptr) {

@@ -258,8 +258,8 @@ class Table {
   RowArena arena_;
   LargeBuffer shard_index_;  // every shard's index and row metadata (outlives shards_)
   std::vector<std::unique_ptr<Shard>> shards_;
-  // Per shard, what the lock-free read kernel needs, packed: its index and its first arena
-  // row (fixed at construction, like the memory they point into).
+  // Per shard, what the lock-free read kernel needs, packed: its index, its first arena row
+  // and its CLOCK reference bits (fixed at construction, like the memory they point into).
   struct ShardView {
     IndexView index;
     float* rows;
