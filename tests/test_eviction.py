@@ -133,6 +133,24 @@ def test_read_only_hit_sets_bit_and_miss_does_not() -> None:
     assert_same_state(t, ref, u64([1, 2, 3, 4, 5, 9]))
 
 
+def test_aborted_parallel_lookup_leaves_no_reference_bits() -> None:
+    """A lock-free inserting lookup split over two tasks: the first ends with a missing id,
+    the second's ids are all present with clear bits. The request aborts to the locked path
+    at the missing id; bits the second task set meanwhile must be cleared again, or that
+    path's insert would spare its rows and evict another id than the one-by-one order does
+    (the reference model)."""
+    half = 4096  # ids per lock-free read task
+    t, ref = Config(dim=2, capacity=2 * half, num_shards=1, num_threads=2).pair()
+    fill = u64(range(1000, 1000 + 2 * half))
+    for side in (t, ref):
+        side.lookup(fill)  # full; every bit set
+        side.lookup(u64([7]))  # evicts fill[0] after one sweep: every other bit now clear
+    # Task 1: fill[1:half] (hits) then 9 (missing); task 2: fill[half:] (hits, clear bits).
+    keys = np.concatenate([fill[1:half], u64([9]), fill[half:]])
+    assert_rows_equal(t.lookup(keys), ref.lookup(keys))
+    assert_same_state(t, ref, np.concatenate([fill, u64([7, 9])]))
+
+
 def test_pooled_lookup_sets_bits() -> None:
     """lookup_sum references its ids like lookup does."""
     t, ref = ONE.pair()

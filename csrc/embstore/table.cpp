@@ -311,14 +311,31 @@ struct BatchRunner {
 
   // What one optimistic read task saw: ids [first_id, first_id + count) of its request, whose
   // places (shard << 32 | row, kUnresolved for a miss) it wrote to the request's places
-  // array. It is committed (hit counts; CLOCK reference bits for a request that may insert)
-  // only when the whole request completed without the lock.
+  // array. Its hit counts are committed only when the whole request completed without the
+  // lock (see finish_reads).
   struct ReadTask {
     size_t first_id = 0;
     size_t count = 0;
     uint64_t misses = 0;
     bool raced = false;  // a writer got in the way: the caller redoes the task carefully
+    // Places whose CLOCK reference bit this task set (clear before), for a request that may
+    // insert: cleared again if the request aborts to the locked path. Reused across calls.
+    std::vector<uint64_t> set_bits;
   };
+
+  // Sets the reference bit of a row a lookup read. One that may insert notes each bit it
+  // changed: it aborts to the locked path at its first missing id, and the bits its parallel
+  // tasks had set by then would depend on the thread count, and with them which rows the
+  // locked path's inserts evict; so an aborted request clears them again (finish_reads).
+  static void reference_read(uint64_t* reference_words, uint64_t place, bool insert,
+                             ReadTask& task) {
+    const uint32_t row = static_cast<uint32_t>(place);
+    if (!insert) {
+      AtomicBitmap::set(reference_words, row);
+    } else if (AtomicBitmap::set_first(reference_words, row)) {
+      task.set_bits.push_back(place);
+    }
+  }
 
   // Seqlock validation for one read task, deferred to its end: each shard's version is noted
   // at the task's first probe of that shard; a later probe that sees another version, or an
@@ -462,7 +479,7 @@ struct BatchRunner {
         prefetch_lines(src, dim * sizeof(float));
         rows[j % kRing] = src;
         places[j] = RowResolution::place(s, row);
-        if (!r.insert) AtomicBitmap::set(view.reference_words, row);  // see commit_reads
+        reference_read(view.reference_words, places[j], r.insert, task);
       } else {
         rows[j % kRing] = zeros;
         places[j] = RowResolution::kUnresolved;
@@ -517,7 +534,7 @@ struct BatchRunner {
           return zeros;
         }
         places[j] = RowResolution::place(s, row);
-        if (!r.insert) sh.reference(row);  // see commit_reads
+        reference_read(sh.reference_words(), places[j], r.insert, task);
         return scratch.data();
       };
       for (int attempt = 0; attempt < kAttempts; ++attempt) {
@@ -590,24 +607,28 @@ struct BatchRunner {
     return true;
   }
 
-  // Records a completed optimistic task: its hit and miss counts and, for a request that may
-  // insert, its rows' CLOCK reference bits. A lookup that cannot insert sets each bit as it
-  // resolves the row (a second pass over every id's place cost 3-8% of a W1 forward). One
-  // that may insert must not: it aborts to the locked path at its first missing id, and the
-  // bits its parallel tasks had set by then would depend on the thread count, and with them
-  // which rows the locked path's inserts evict.
-  static void commit_reads(Table& t, const LookupSumRequest& r, const ReadTask& task,
-                           const uint64_t* places) {
-    if (r.insert) {
-      for (size_t j = task.first_id; j < task.first_id + task.count; ++j) {
-        const uint64_t packed = places[j];
-        if (packed != RowResolution::kUnresolved) {
-          AtomicBitmap::set(t.views_[packed >> 32].reference_words, static_cast<uint32_t>(packed));
+  // Ends the optimistic pass of request r, read by tasks[0, count): if it completed, counts
+  // its hits and misses and (a training lookup) keeps its rows for the apply (every id was a
+  // hit: each has its place); if it aborted to the locked path, clears the reference bits its
+  // tasks set, so that path starts from the bits the request found.
+  static void finish_reads(Table& t, const LookupSumRequest& r, const ReadTask* tasks,
+                           size_t count, bool aborted, RowResolution& resolution) {
+    if (aborted) {
+      for (size_t k = 0; k < count; ++k) {
+        for (const uint64_t place : tasks[k].set_bits) {
+          AtomicBitmap::clear(t.views_[place >> 32].reference_words, static_cast<uint32_t>(place));
         }
       }
+      return;
     }
-    t.read_hits_.fetch_add(task.count - task.misses, std::memory_order_relaxed);
-    t.read_misses_.fetch_add(task.misses, std::memory_order_relaxed);
+    uint64_t ids = 0, misses = 0;
+    for (size_t k = 0; k < count; ++k) {
+      ids += tasks[k].count;
+      misses += tasks[k].misses;
+    }
+    t.read_hits_.fetch_add(ids - misses, std::memory_order_relaxed);
+    t.read_misses_.fetch_add(misses, std::memory_order_relaxed);
+    if (r.insert) t.keep_resolution(r.keys, r.n, resolution);
   }
 
   // Copies the rows of shard s's ids to dst[i] (scaled by weights[i] when given), inserting
@@ -1504,27 +1525,21 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
   pool.run(tasks.total(), workers, [&](size_t task) {
     const size_t k = tasks.request_of(task);
     const LookupSumRequest& r = requests[k];
+    BatchRunner::ReadTask& read = reads[task];
+    read.set_bits.clear();
     if (aborted[k].load(std::memory_order_relaxed)) return;
     const size_t bag_lo = (task - tasks.begin[k]) * bags_per_task[k];
     const size_t bag_hi = std::min(r.num_bags, bag_lo + bags_per_task[k]);
-    BatchRunner::ReadTask& read = reads[task];
     BatchRunner::read_bags(*r.table, r, bag_lo, bag_hi, aborted[k], read, read_places[k], false);
     if (read.raced && !aborted[k].load(std::memory_order_relaxed)) {
       r.table->read_retries_.fetch_add(1, std::memory_order_relaxed);  // redo it row by row
       BatchRunner::read_bags(*r.table, r, bag_lo, bag_hi, aborted[k], read, read_places[k], true);
     }
   });
-  pool.run(tasks.total(), workers, [&](size_t task) {  // commit what completed
-    const size_t k = tasks.request_of(task);
-    if (!aborted[k].load(std::memory_order_relaxed)) {
-      BatchRunner::commit_reads(*requests[k].table, requests[k], reads[task], read_places[k]);
-    }
-  });
-  pool.run(R, workers, [&](size_t k) {  // training lookups leave their rows to the apply
-    const LookupSumRequest& r = requests[k];  // (every id was a hit: each has its place)
-    if (r.insert && !aborted[k].load(std::memory_order_relaxed)) {
-      r.table->keep_resolution(r.keys, r.n, spaces[k]->resolution);
-    }
+  pool.run(R, workers, [&](size_t k) {
+    BatchRunner::finish_reads(*requests[k].table, requests[k], reads.data() + tasks.begin[k],
+                              tasks.begin[k + 1] - tasks.begin[k],
+                              aborted[k].load(std::memory_order_relaxed), spaces[k]->resolution);
   });
   clock.lap(Timer::kStageGather);
 
