@@ -15,6 +15,7 @@
 #include <string>   // std::string
 #include <vector>   // std::vector
 
+#include "embstore/buffer_pool.hpp"  // BufferPool
 #include "embstore/errors.hpp"       // CapacityError
 #include "embstore/metrics.hpp"      // Timer, metrics_enabled
 #include "embstore/simd.hpp"         // simd_level, set_simd_level
@@ -511,6 +512,23 @@ PYBIND11_MODULE(_core, m) {
       py::arg("tables"), py::arg("keys"), py::arg("offsets"), py::arg("grads"), py::arg("weights"),
       py::arg("mode"), py::arg("labels"));
 
+  // A new float32 [rows, dim] array for a batch result, its memory from the output pool: it
+  // returns there when the array is freed, so the next batch's result reuses mapped pages.
+  m.def(
+      "empty_rows",
+      [](py::ssize_t rows, py::ssize_t dim) {
+        if (rows < 0 || dim < 0) throw py::value_error("rows and dim must be >= 0");
+        const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(dim) * sizeof(float);
+        void* data = embstore::BufferPool::global().acquire(bytes);
+        py::capsule owner(data, [](void* p) { embstore::BufferPool::global().release(p); });
+        return py::array_t<float>({rows, dim}, static_cast<float*>(data), owner);
+      },
+      py::arg("rows"), py::arg("dim"));
+  m.def("output_pool_bytes", [] { return embstore::BufferPool::global().pooled_bytes(); });
+  m.def("output_pool_limit", [] { return embstore::BufferPool::global().limit(); });
+  m.def(
+      "set_output_pool_limit",
+      [](size_t bytes) { embstore::BufferPool::global().set_limit(bytes); }, py::arg("bytes"));
   m.def("hardware_threads", &embstore::ThreadPool::hardware_threads);
   m.def("metrics_enabled", &embstore::metrics_enabled);
   m.def("set_metrics_enabled", &embstore::set_metrics_enabled, py::arg("on"));

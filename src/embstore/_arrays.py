@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from embstore import _core
+
 _MODES = {"sum": 0, "mean": 1}
 
 
@@ -87,10 +89,20 @@ def mode_code(mode: str) -> int:
         raise ValueError(msg) from None
 
 
+def new_rows(rows: int, dim: int) -> npt.NDArray[np.float32]:
+    """A new float32 [rows, dim] array (contents unspecified) from the core's output pool."""
+    result: npt.NDArray[np.float32] = _core.empty_rows(rows, dim)
+    return result
+
+
 def output(out: Any, rows: int, dim: int) -> npt.NDArray[np.float32]:
-    """Return a float32 [rows, dim] result buffer: a new one, or the checked ``out``."""
+    """Return a float32 [rows, dim] result buffer: a new one, or the checked ``out``.
+
+    A new one comes from the core's output pool (memory of results already freed), so large
+    results do not page-fault on every call (docs/semantics.md, "Results").
+    """
     if out is None:
-        return np.empty((rows, dim), dtype=np.float32)
+        return new_rows(rows, dim)
     if not isinstance(out, np.ndarray):
         msg = f"out must be a numpy array, got {type(out).__name__}"
         raise TypeError(msg)

@@ -129,7 +129,7 @@ class TableGroup(Mapping[str, Table]):
             weights.append(
                 _arrays.as_weights(feature[2], k.shape[0]) if len(feature) == 3 else None
             )
-            outs.append(np.empty((off.shape[0] - 1, table.dim), dtype=np.float32))
+            outs.append(_arrays.new_rows(off.shape[0] - 1, table.dim))
         _core.group_lookup_sum(
             tables=impls,
             keys=keys,

@@ -35,6 +35,7 @@
 
 #include "embstore/admission.hpp"
 #include "embstore/arena.hpp"
+#include "embstore/buffer_pool.hpp"
 #include "embstore/config.hpp"
 #include "embstore/errors.hpp"
 #include "embstore/hash.hpp"
@@ -577,6 +578,53 @@ Ids colliding_ids(size_t count, bool high, uint64_t start) {
 // =======================================================================================
 // Arena
 // =======================================================================================
+
+TEST_CASE(buffer_pool_recycles_by_size_within_its_limit) {
+  BufferPool pool(1 << 20);
+  void* a = pool.acquire(100000);
+  void* b = pool.acquire(100000);
+  CHECK(a != b);
+  CHECK(reinterpret_cast<uintptr_t>(a) % 64 == 0 && reinterpret_cast<uintptr_t>(b) % 64 == 0);
+  std::memset(a, 1, 100000);  // the whole size is usable (ASan checks the bounds)
+  pool.release(a);
+  CHECK(pool.pooled_bytes() >= 100000 && pool.pooled_bytes() < 100000 + 4096);
+  CHECK(pool.acquire(99000) == a);  // same 4 KiB size class: the released buffer
+  CHECK(pool.pooled_bytes() == 0);
+  void* c = pool.acquire(200000);  // another class: a new buffer
+  CHECK(c != a && c != b);
+  pool.release(a);
+  pool.release(b);
+  pool.release(c);
+  CHECK(pool.pooled_bytes() <= pool.limit());
+  void* big = pool.acquire(pool.limit() / 4 + 4096);  // over a quarter of the limit: not kept
+  const size_t before = pool.pooled_bytes();
+  pool.release(big);
+  CHECK(pool.pooled_bytes() == before);
+  pool.set_limit(0);  // frees every released buffer
+  CHECK(pool.pooled_bytes() == 0);
+  pool.release(pool.acquire(0));  // empty results work too
+  pool.release(nullptr);
+}
+
+TEST_CASE(buffer_pool_from_many_threads) {
+  BufferPool pool(8 << 20);
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      for (int k = 0; k < 2000; ++k) {
+        const size_t bytes = 4096 * static_cast<size_t>(1 + (k + w) % 7);
+        auto* p = static_cast<unsigned char*>(pool.acquire(bytes));
+        std::memset(p, w, bytes);  // a buffer is never handed to two holders at once
+        if (p[0] != w || p[bytes - 1] != w) bad.fetch_add(1);
+        pool.release(p);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(bad.load() == 0);
+  CHECK(pool.pooled_bytes() <= pool.limit());
+}
 
 TEST_CASE(arena_alignment_and_stride) {
   CHECK(row_stride(1, 0) == 4);
