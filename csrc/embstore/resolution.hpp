@@ -8,6 +8,12 @@
 // anyway to sum duplicates) and uses it without hashing or probing the index (a cache miss
 // per id). A row that changed hands since (evicted, erased, reused) fails the check and the
 // id is probed as usual, so reuse never changes a result.
+//
+// A lock-free lookup also records each shard's seqlock version its reads were validated at.
+// If the shard's version is still that one when the apply takes its lock, nothing has
+// written to the shard since, so every recorded row of the shard still holds its id: the
+// apply skips the check, and with it the metadata line per id (it then sums duplicates in
+// a per-thread scratch array instead of the metadata): W1 backward 0.84-0.94x.
 #pragma once
 
 #include <cstdint>  // uint64_t
@@ -20,7 +26,16 @@ struct RowResolution {
 
   std::vector<uint64_t> keys;    // the lookup's ids, in order
   std::vector<uint64_t> places;  // per id: shard << 32 | shard-local row, or kUnresolved
+  // Per shard: the version its places were read at, or an odd value when not known (the
+  // lookup took the lock, raced a writer, or saw two versions).
+  std::vector<uint64_t> versions;
   bool valid = false;
+
+  static constexpr uint64_t kUnknownVersion = 1;
+  // Whether shard s's places are certainly current for a shard now at version `now`.
+  bool exact(size_t s, uint64_t now) const noexcept {
+    return s < versions.size() && (versions[s] & 1) == 0 && versions[s] == now;
+  }
 
   static uint64_t place(size_t shard, uint32_t row) noexcept {
     return static_cast<uint64_t>(shard) << 32 | row;

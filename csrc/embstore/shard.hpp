@@ -216,6 +216,8 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
    private:
     Shard& sh_;
   };
+  // The version now; under the lock it is even and moves only in the caller's WriteScopes.
+  uint64_t version_locked() const noexcept { return version_.load(std::memory_order_relaxed); }
   // Seqlock reader side: read_begin() before, read_valid(v) after the optimistic reads.
   uint64_t read_begin() const noexcept { return version_.load(std::memory_order_acquire); }
   bool read_valid(uint64_t v) const noexcept {

@@ -321,6 +321,9 @@ struct BatchRunner {
     // Places whose CLOCK reference bit this task set (clear before), for a request that may
     // insert: cleared again if the request aborts to the locked path. Reused across calls.
     std::vector<uint64_t> set_bits;
+    // (shard, version) of every shard the fast kernel's reads were validated at; empty when
+    // the task ran the careful kernel (RowResolution::versions).
+    std::vector<std::pair<uint32_t, uint64_t>> versions;
   };
 
   // Sets the reference bit of a row a lookup read. One that may insert notes each bit it
@@ -373,6 +376,10 @@ struct BatchRunner {
       }
       return true;
     }
+    // Appends (shard, version) for every shard noted.
+    void copy_to(std::vector<std::pair<uint32_t, uint64_t>>& out) const {
+      for (const uint32_t s : *touched_) out.emplace_back(s, seen_[s]);
+    }
 
    private:
     static constexpr uint64_t kUnseen = 1;  // odd: never a version a probe accepts
@@ -392,6 +399,7 @@ struct BatchRunner {
     task.count = hi - lo;
     task.misses = 0;
     task.raced = false;
+    task.versions.clear();
     return {lo, hi};
   }
 
@@ -498,7 +506,10 @@ struct BatchRunner {
     for (size_t j = lo; j < std::min(hi, lo + kRowAhead); ++j) {
       if (!probe(j)) return stop();
     }
-    if (!write_bags<kDim>(r, bag_lo, bag_hi, dim, abort, row_of) || !versions.valid()) stop();
+    if (!write_bags<kDim>(r, bag_lo, bag_hi, dim, abort, row_of) || !versions.valid()) {
+      return stop();
+    }
+    if (r.insert) versions.copy_to(task.versions);
   }
 
   // The careful redo of a task the fast kernel raced (W3: with applies running, 70% of
@@ -628,7 +639,21 @@ struct BatchRunner {
     }
     t.read_hits_.fetch_add(ids - misses, std::memory_order_relaxed);
     t.read_misses_.fetch_add(misses, std::memory_order_relaxed);
-    if (r.insert) t.keep_resolution(r.keys, r.n, resolution);
+    if (!r.insert) return;
+    // A shard's version is known if every task that read it was validated at the same one.
+    constexpr uint64_t kUnset = ~uint64_t{0};  // odd: unknown unless a task sets it
+    resolution.versions.assign(t.num_shards(), kUnset);
+    for (size_t k = 0; k < count; ++k) {
+      if (tasks[k].versions.empty() && tasks[k].count != 0) {  // the careful kernel ran
+        resolution.versions.assign(t.num_shards(), RowResolution::kUnknownVersion);
+        break;
+      }
+      for (const auto& [s, v] : tasks[k].versions) {
+        uint64_t& known = resolution.versions[s];
+        known = known == kUnset || known == v ? v : RowResolution::kUnknownVersion;
+      }
+    }
+    t.keep_resolution(r.keys, r.n, resolution);
   }
 
   // Copies the rows of shard s's ids to dst[i] (scaled by weights[i] when given), inserting
@@ -783,6 +808,12 @@ struct BatchRunner {
     const CountMinSketch* sketch = t.sketches_.empty() ? nullptr : &t.sketches_[s];
     const uint32_t min_count = t.config_.admission.min_count;
     const size_t row_bytes = t.arena_.stride() * sizeof(float);
+    // Where each row's accumulator index lives: in its metadata `aux` (which also pins the
+    // row against eviction), or, when the lookup's places are exact (no metadata read
+    // needed), in slot_of: a per-thread array over the shard's rows, all kNoRow between
+    // calls. Rows are then pinned in the metadata only if an insert comes (pass 2).
+    uint32_t* slot_of = nullptr;
+    bool pin_in_meta = true;
     // Queue of resolved (position, row) pairs awaiting accumulation: entries
     // [done, resolved) are pending, at most kRowAhead of them.
     uint32_t ring[kRing];
@@ -807,10 +838,11 @@ struct BatchRunner {
           scaled = true;
         }
       }
-      RowMeta& m = sh.meta(row);
+      uint32_t& slot = slot_of != nullptr ? slot_of[row] : sh.meta(row).aux;
       float* __restrict acc;
-      if (m.aux == kNoRow) {  // first occurrence: acc = 0 + g
-        m.aux = num_unique;
+      if (slot == kNoRow) {  // first occurrence: acc = 0 + g
+        slot = num_unique;
+        if (pin_in_meta) sh.meta(row).aux = num_unique;
         unique[num_unique] = row;
         acc = acc_base + static_cast<size_t>(num_unique) * dim;
         // The update pass prefetches rows kRowAhead ahead, so its first ones would arrive late
@@ -823,7 +855,7 @@ struct BatchRunner {
           for (size_t k = 0; k < dim; ++k) acc[k] = 0.0f + g[k];
         }
       } else {
-        acc = acc_base + static_cast<size_t>(m.aux) * dim;
+        acc = acc_base + static_cast<size_t>(slot) * dim;
         if (scaled) {
           for (size_t k = 0; k < dim; ++k) acc[k] = acc[k] + c * g[k];
         } else {
@@ -834,6 +866,13 @@ struct BatchRunner {
     auto finish = [&](uint32_t q) { accumulate(pending[q % kRing], ring[q % kRing]); };
     const auto lock = sh.lock();
     const uint64_t* places = ws.resolution.valid ? ws.resolution.places.data() : nullptr;
+    const bool exact = places != nullptr && ws.resolution.exact(s, sh.version_locked());
+    if (exact) {
+      thread_local std::vector<uint32_t> slots;
+      if (slots.size() < sh.num_rows()) slots.resize(sh.num_rows(), kNoRow);
+      slot_of = slots.data();
+      pin_in_meta = false;
+    }
     uint64_t reused = 0;
     const Shard::WriteScope writing(sh);
     const bool cow = t.snapshot_join(sh);  // checkpoint in progress: preserve before writing
@@ -841,10 +880,15 @@ struct BatchRunner {
       Shard& sh;
       const uint32_t* rows;
       const uint32_t& count;
+      uint32_t* slot_of;
+      const bool& pinned;
       ~Unpin() {
-        for (uint32_t k = 0; k < count; ++k) sh.meta(rows[k]).aux = kNoRow;
+        for (uint32_t k = 0; k < count; ++k) {
+          if (slot_of != nullptr) slot_of[rows[k]] = kNoRow;
+          if (pinned) sh.meta(rows[k]).aux = kNoRow;
+        }
       }
-    } unpin{sh, unique, num_unique};
+    } unpin{sh, unique, num_unique, slot_of, pin_in_meta};
     // Pass 1: every id already present is resolved, pinned and accumulated, so no insert of
     // this call can evict a row the call is about to update. Missing ids wait for pass 2
     // (all occurrences of a missing id do, so each row's sum keeps the id order).
@@ -854,9 +898,14 @@ struct BatchRunner {
     for (uint32_t j = b; j < e; ++j) {
       const uint32_t i = ws.order[j];
       prefetch_inputs(ws, j, e, r.keys, places, bags);
-      const uint64_t id = r.keys[i];
       uint32_t row = kNoRow;
-      if (places != nullptr) {
+      if (exact) {
+        const uint64_t place = places[i];
+        if (place != RowResolution::kUnresolved) {
+          row = static_cast<uint32_t>(place);
+          ++reused;
+        }
+      } else if (places != nullptr) {
         // The lookup's row, if it still holds the id (its metadata line and occupied bit
         // are prefetched kRowAhead ids ahead; accumulate reads the metadata anyway).
         if (j + kRowAhead < e) {
@@ -869,7 +918,7 @@ struct BatchRunner {
         const uint64_t place = places[i];
         if (place != RowResolution::kUnresolved) {
           const uint32_t recorded = static_cast<uint32_t>(place);
-          if (sh.occupied(recorded) && sh.meta(recorded).id == id) {
+          if (sh.occupied(recorded) && sh.meta(recorded).id == r.keys[i]) {
             row = recorded;
             ++reused;
           }
@@ -877,19 +926,23 @@ struct BatchRunner {
       } else if (j + kSlotAhead < e) {
         sh.prefetch(mix64(r.keys[ws.order[j + kSlotAhead]]));
       }
-      if (row == kNoRow) row = sh.find(id, mix64(id));
+      if (row == kNoRow) row = sh.find(r.keys[i], mix64(r.keys[i]));
       if (row == kNoRow) {
         // order[b + num_missing] is never ahead of order[j]: safe to overwrite.
         missing[num_missing++] = i;
         continue;
       }
-      __builtin_prefetch(&sh.meta(row));
+      if (!exact) __builtin_prefetch(&sh.meta(row));
       ring[resolved % kRing] = row;
       pending[resolved % kRing] = i;
       if (++resolved - done > kRowAhead) finish(done++);
     }
     while (done < resolved) finish(done++);
     ShardCounters::add(sh.counters.reused, reused);
+    if (num_missing != 0 && !pin_in_meta) {  // inserts come: pin the rows summed so far
+      for (uint32_t k = 0; k < num_unique; ++k) sh.meta(unique[k]).aux = k;
+      pin_in_meta = true;
+    }
     // Pass 2: insert the missing ids in order (an id may recur: find again first). With an
     // admission filter, an id it has not admitted (by lookups) is not inserted and its
     // gradient is dropped; applies do not count sightings (a training step would count twice).
@@ -1582,7 +1635,10 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
   });
   for (const size_t k : locked) {  // rows an insert evicted later in the call fail the check
     const LookupSumRequest& r = requests[k];
-    if (r.insert) r.table->keep_resolution(r.keys, r.n, spaces[k]->resolution);
+    if (r.insert) {
+      spaces[k]->resolution.versions.clear();  // unknown: each place is checked
+      r.table->keep_resolution(r.keys, r.n, spaces[k]->resolution);
+    }
   }
   clock.lap(Timer::kStageLockedGather);
   TaskSpace pool_tasks;
