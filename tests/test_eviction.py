@@ -133,6 +133,17 @@ def test_read_only_hit_sets_bit_and_miss_does_not() -> None:
     assert_same_state(t, ref, u64([1, 2, 3, 4, 5, 9]))
 
 
+def test_training_lookup_bits_hold_when_another_lookup_comes_first() -> None:
+    """A training lookup of present ids reads lock-free and leaves its reference bits to the
+    apply that takes its rows; when another lookup replaces it first, its bits are set
+    then, so the next sweep still gives its rows their second chance."""
+    t, ref = ONE.pair()
+    for keys in ([1, 2, 3], [4], [2], [4], [5]):  # 4 evicts 1: ring 4*,2,3; hand at 2
+        assert_rows_equal(t.lookup(u64(keys)), ref.lookup(u64(keys)))
+    assert _present(t, u64(range(1, 6))) == {2, 4, 5}  # 2 spared, 3 evicted
+    assert_same_state(t, ref, u64(range(1, 6)))
+
+
 def test_aborted_parallel_lookup_leaves_no_reference_bits() -> None:
     """A lock-free inserting lookup split over two tasks: the first ends with a missing id,
     the second's ids are all present with clear bits. The request aborts to the locked path

@@ -30,6 +30,11 @@ struct RowResolution {
   // lookup took the lock, raced a writer, or saw two versions).
   std::vector<uint64_t> versions;
   bool valid = false;
+  // The lookup set none of its rows' CLOCK reference bits (a lock-free training lookup):
+  // whoever consumes the resolution sets them - the apply that takes it (it references
+  // every row it updates), or Table::settle_references before a CLOCK sweep or when
+  // another resolution replaces this one.
+  bool refs_pending = false;
 
   static constexpr uint64_t kUnknownVersion = 1;
   // Whether shard s's places are certainly current for a shard now at version `now`.

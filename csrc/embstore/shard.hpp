@@ -113,18 +113,10 @@ class AtomicBitmap {
     const uint64_t bit = uint64_t{1} << (i % 64);
     if (!(__atomic_load_n(w, __ATOMIC_RELAXED) & bit)) __atomic_fetch_or(w, bit, __ATOMIC_RELAXED);
   }
-  // Sets bit i; true if this call changed it from clear (so the caller may clear it again).
-  static bool set_first(uint64_t* words, uint32_t i) noexcept {
-    uint64_t* w = words + i / 64;
-    const uint64_t bit = uint64_t{1} << (i % 64);
-    if (__atomic_load_n(w, __ATOMIC_RELAXED) & bit) return false;
-    return !(__atomic_fetch_or(w, bit, __ATOMIC_RELAXED) & bit);
-  }
-  static void clear(uint64_t* words, uint32_t i) noexcept {
-    __atomic_fetch_and(words + i / 64, ~(uint64_t{1} << (i % 64)), __ATOMIC_RELAXED);
-  }
   uint64_t* words() noexcept { return words_.get(); }
-  void clear(uint32_t i) noexcept { clear(words_.get(), i); }
+  void clear(uint32_t i) noexcept {
+    __atomic_fetch_and(words_.get() + i / 64, ~(uint64_t{1} << (i % 64)), __ATOMIC_RELAXED);
+  }
   bool test(uint32_t i) const noexcept {
     return (__atomic_load_n(words_.get() + i / 64, __ATOMIC_RELAXED) >> (i % 64)) & 1;
   }

@@ -242,16 +242,18 @@ class Table {
   void give_back(size_t rows) noexcept { pool_.fetch_add(rows, std::memory_order_relaxed); }
   std::string no_row_message(uint64_t id, size_t shard_index) const;
   // Keeps `r`, whose places resolve `keys[0, n)`, as the last lookup's resolution (swapped
-  // in: `r` gets the previous buffers, so nothing is allocated once warm).
-  void keep_resolution(const uint64_t* keys, size_t n, RowResolution& r) {
-    r.keys.assign(keys, keys + n);
-    r.valid = true;
-    std::lock_guard<std::mutex> lock(resolution_mutex_);
-    std::swap(resolution_, r);
-  }
+  // in: `r` gets the previous buffers, so nothing is allocated once warm). The replaced
+  // resolution's pending reference bits are set first.
+  void keep_resolution(const uint64_t* keys, size_t n, RowResolution& r);
   // Takes the kept resolution into `r` if it resolved exactly `keys[0, n)`; returns whether
-  // it did. A taken resolution is used once; one of other keys stays kept.
+  // it did. A taken resolution is used once; one of other keys stays kept. The taker owes
+  // its pending reference bits (RowResolution::refs_pending).
   bool take_resolution(const uint64_t* keys, size_t n, RowResolution& r);
+  // Sets the reference bits the kept resolution still owes. Called before every CLOCK sweep,
+  // so a sweep sees the bits of every lookup before it (one atomic load when none are owed).
+  void settle_references();
+  // Sets the reference bit of every row `r` records.
+  void reference_rows(const RowResolution& r) noexcept;
 
   TableConfig config_;
   unsigned shard_shift_;  // 64 - log2(num_shards); 64 means one shard
@@ -296,6 +298,7 @@ class Table {
   // (no allocation once warm); the mutex is taken once per call, never per id.
   std::mutex resolution_mutex_;
   RowResolution resolution_;
+  std::atomic<bool> references_owed_{false};  // resolution_.refs_pending, readable unlocked
 };
 
 }  // namespace embstore
