@@ -608,7 +608,7 @@ struct BatchRunner {
   // bits its parallel tasks had set by then would depend on the thread count, and with them
   // which rows the locked path's inserts evict. Its kept resolution owes them instead
   // (RowResolution::refs_pending): the apply that takes it sets them as it updates the rows,
-  // which spares the forward a bitmap load per id (W1 D=32 L=8 forward 0.89-0.92x).
+  // which spares the forward a bitmap load per id (W1 D=32 forward 0.91-0.96x).
   static void finish_reads(Table& t, const LookupSumRequest& r, const ReadTask* tasks,
                            size_t count, bool aborted, RowResolution& resolution) {
     if (aborted) return;
@@ -1704,7 +1704,7 @@ void apply_gradients_many(std::vector<ApplyRequest>& requests, Timer op) {
   clock.lap(Timer::kStagePlan);
   // 3. One task per (request, shard): sum duplicates, then one fused update per row. Every
   //    updated row gets its reference bit, which pays what a taken resolution owed; if the
-  //    call fails part way (a CapacityError), the owed bits are set here instead.
+  //    call fails part way, the owed bits are set here instead.
   TaskSpace shard_tasks;
   for (const ApplyRequest& r : requests) shard_tasks.add(r.table->num_shards());
   const size_t rot = rotation();
