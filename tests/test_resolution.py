@@ -105,6 +105,34 @@ def test_a_row_that_changed_hands_is_probed() -> None:
     assert_same_state(t, ref, [5, 6, 7, 8])
 
 
+def test_a_row_evicted_later_in_the_same_lookup_is_probed() -> None:
+    """A training lookup whose own inserts evict a row it read earlier: 1 is read, then 5's
+    insert sweeps the whole ring (clearing 1's bit) and comes round to 1's row. The apply of
+    the same keys must not take that row for 1 (it holds 5 now): 1 is inserted again."""
+    t, ref = Config(dim=2, capacity=4, num_shards=1, optimizer=SGDSpec(lr=0.5)).pair()
+    for side in (t, ref):
+        side.lookup(u64([1, 2, 3, 4]))
+    keys = u64([1, 5, 6])
+    assert_rows_equal(t.lookup(keys), ref.lookup(keys))
+    g = _grads(3, 2, 0)
+    t.apply_gradients(keys, g)
+    ref.apply_gradients(keys, g)
+    assert_same_state(t, ref, [1, 2, 3, 4, 5, 6])
+
+
+def test_locked_lookup_rows_are_taken_as_they_are_when_no_row_was_passed_twice() -> None:
+    """A training lookup that inserts (the locked path) into a table with room: nothing it
+    read was evicted, so the apply takes every row as recorded; state equals the reference."""
+    t, ref = Config(dim=2, capacity=64, num_shards=1, optimizer=SGDSpec(lr=0.5)).pair()
+    keys = u64([7, 3, 7, 9, 3, 11])
+    assert_rows_equal(t.lookup(keys), ref.lookup(keys))
+    g = _grads(6, 2, 1)
+    t.apply_gradients(keys, g)
+    ref.apply_gradients(keys, g)
+    assert t.stats()["reused_rows"] == 6
+    assert_same_state(t, ref, [3, 7, 9, 11])
+
+
 def test_changed_keys_are_probed() -> None:
     """Keys rewritten in place between the lookup and the apply are not the lookup's."""
     t, ref = Config(dim=2, num_shards=1).pair()

@@ -9,7 +9,8 @@
 // per id). A row that changed hands since (evicted, erased, reused) fails the check and the
 // id is probed as usual, so reuse never changes a result.
 //
-// A lock-free lookup also records each shard's seqlock version its reads were validated at.
+// A lookup also records each shard's seqlock version its reads were validated at (the
+// lock-free kernel), or that its locked pass left (when no row it recorded was evicted).
 // If the shard's version is still that one when the apply takes its lock, nothing has
 // written to the shard since, so every recorded row of the shard still holds its id: the
 // apply skips the check, and with it the metadata line per id (it then sums duplicates in
@@ -27,7 +28,8 @@ struct RowResolution {
   std::vector<uint64_t> keys;    // the lookup's ids, in order
   std::vector<uint64_t> places;  // per id: shard << 32 | shard-local row, or kUnresolved
   // Per shard: the version its places were read at, or an odd value when not known (the
-  // lookup took the lock, raced a writer, or saw two versions).
+  // lookup raced a writer or saw two versions, or its inserts' CLOCK sweeps came round to a
+  // row twice, so a row it recorded may since hold an id it inserted).
   std::vector<uint64_t> versions;
   bool valid = false;
   // The lookup set none of its rows' CLOCK reference bits (a lock-free training lookup):

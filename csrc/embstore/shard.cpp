@@ -119,6 +119,7 @@ uint32_t Shard::clock_victim() noexcept {
   for (uint64_t step = 0; step < max_steps; ++step) {
     const uint32_t row = hand_;
     hand_ = hand_ + 1 == used_ ? 0 : hand_ + 1;
+    ++sweep_steps_;
     if (!occupied(row) || meta(row).aux != kNoRow) continue;  // free or pinned
     if (first_evictable == kNoRow) first_evictable = row;
     if (referenced(row)) {

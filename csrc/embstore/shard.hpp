@@ -350,6 +350,9 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // kNoRow when every occupied row is pinned (or none is occupied). The victim stays linked;
   // `evict` unlinks it.
   uint32_t clock_victim() noexcept;
+  // Rows the CLOCK hand has passed, ever. A call whose sweeps advance the hand by fewer rows
+  // than the ring holds visits no row twice, so it evicts no row it referenced itself.
+  uint64_t sweep_steps() const noexcept { return sweep_steps_; }
   // Unlinks the id held by `row` so the row can take a new id (no free-list push).
   void evict(uint32_t row);
   // Unlinks the id held by `row` and frees the row to the free list.
@@ -401,6 +404,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   uint32_t num_slots_;
   uint32_t used_ = 0;  // rows [0, used_) have been claimed at least once: the CLOCK ring
   uint32_t hand_ = 0;
+  uint64_t sweep_steps_ = 0;
   uint32_t free_head_ = kNoRow;
   LargeBuffer own_memory_;  // used only when the shard was given no memory
   BufferSlice<Slot> slots_;

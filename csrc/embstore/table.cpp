@@ -646,10 +646,12 @@ struct BatchRunner {
   // the pending copies are drained, so an eviction can never take a row still to be copied.
   // `pooled`: dst is a one-id-per-bag pooled output, so each value is 0 + w * row exactly as
   // the pooling spec sums (this turns a -0 row element into +0, like a numpy sum would).
-  // `places`: where to record each id's row (RowResolution), or nullptr.
+  // `places`: where to record each id's row (RowResolution), or nullptr; then versions[s]
+  // gets the shard's version after the pass if every recorded row still holds its id
+  // (RowResolution::versions), else RowResolution::kUnknownVersion.
   static void gather_shard(Table& t, size_t s, const uint64_t* keys, const Workspace& ws,
                            bool insert, const float* weights, bool pooled, float* dst,
-                           uint64_t* places) {
+                           uint64_t* places, uint64_t* versions) {
     const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
     if (b == e) return;
     const size_t dim = t.dim();
@@ -680,6 +682,8 @@ struct BatchRunner {
       }
     };
     const auto lock = sh.lock();
+    const uint64_t swept_before = sh.sweep_steps();
+    const uint32_t ring_rows = sh.claimed_rows();
     std::optional<Shard::WriteScope> writing;  // inserts change the shard
     if (insert) writing.emplace(sh);
     const bool cow = t.snapshot_join(sh);  // checkpoint in progress: preserve before writing
@@ -716,6 +720,13 @@ struct BatchRunner {
     }
     while (done < e) finish(done++);
     add_counters(sh, hits, misses, inserts, evictions, rejected);
+    if (places != nullptr) {
+      // A row recorded earlier in this pass can have been evicted by a later insert only if
+      // the hand came round to it twice (a recorded row's bit is set when recorded).
+      const bool exact = sh.sweep_steps() - swept_before < ring_rows;
+      writing.reset();
+      versions[s] = exact ? sh.version_locked() : RowResolution::kUnknownVersion;
+    }
   }
 
 
@@ -1621,6 +1632,7 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
     const LookupSumRequest& r = requests[k];
     BatchRunner::plan(*r.table, r.keys, r.n, *spaces[k]);
     if (!spaces[k]->one_hot) spaces[k]->rows.resize(r.n * r.table->dim());
+    spaces[k]->resolution.versions.assign(r.table->num_shards(), RowResolution::kUnknownVersion);
   });
   clock.lap(Timer::kStagePlan);
   TaskSpace shard_tasks;
@@ -1632,18 +1644,18 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
     Workspace& ws = *spaces[locked[q]];
     const size_t s = (task - shard_tasks.begin[q] + rot) % r.table->num_shards();
     uint64_t* places = r.insert ? ws.resolution.places.data() : nullptr;
+    uint64_t* versions = ws.resolution.versions.data();
     if (ws.one_hot) {
       BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, r.weights,
-                                r.offsets != nullptr, r.out, places);
+                                r.offsets != nullptr, r.out, places, versions);
     } else {
       BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, nullptr, false,
-                                ws.rows.data(), places);
+                                ws.rows.data(), places, versions);
     }
   });
   for (const size_t k : locked) {  // rows an insert evicted later in the call fail the check
     const LookupSumRequest& r = requests[k];
     if (r.insert) {
-      spaces[k]->resolution.versions.clear();  // unknown: each place is checked
       spaces[k]->resolution.refs_pending = false;  // gather_shard referenced its rows
       r.table->keep_resolution(r.keys, r.n, spaces[k]->resolution);
     }
