@@ -133,6 +133,21 @@ def test_locked_lookup_rows_are_taken_as_they_are_when_no_row_was_passed_twice()
     assert_same_state(t, ref, [3, 7, 9, 11])
 
 
+def test_ids_a_lookup_did_not_admit_are_probed_by_the_apply() -> None:
+    """With an admission filter, a training lookup leaves ids it has not admitted without a
+    row (and without a recorded place). The apply of the same keys takes the recorded rows
+    as they are, finds the others missing and, not admitted, drops their gradients."""
+    t, ref = Config(dim=2, capacity=64, num_shards=1, optimizer=SGDSpec(lr=0.5), min_count=2).pair()
+    for side in (t, ref):
+        side.lookup(u64([1, 1, 2, 2]))  # admitted at their second sighting: inserted
+    keys = u64([1, 9, 2, 9, 10])  # 9 admitted at its second sighting here; 10 not
+    assert_rows_equal(t.lookup(keys), ref.lookup(keys))
+    g = _grads(5, 2, 2)
+    t.apply_gradients(keys, g)
+    ref.apply_gradients(keys, g)
+    assert_same_state(t, ref, [1, 2, 9, 10])
+
+
 def test_changed_keys_are_probed() -> None:
     """Keys rewritten in place between the lookup and the apply are not the lookup's."""
     t, ref = Config(dim=2, num_shards=1).pair()
