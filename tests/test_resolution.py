@@ -10,7 +10,7 @@ import numpy as np
 from helpers import Config, assert_rows_equal, assert_same_state, u64
 from hypothesis import given
 from hypothesis import strategies as st
-from reference import AdagradSpec, AdamSpec, SGDSpec
+from reference import AdagradSpec, AdamSpec, ReferenceTable, SGDSpec
 
 import embstore
 
@@ -23,6 +23,14 @@ def _two_bags(keys: np.ndarray) -> np.ndarray:
 
 def _grads(n: int, dim: int, salt: int) -> np.ndarray:
     return np.linspace(-1, 1 + salt, n * dim, dtype=np.float32).reshape(n, dim)
+
+
+def _lookup_then_apply(t: embstore.Table, ref: ReferenceTable, keys: np.ndarray, salt: int) -> None:
+    """A training step on both sides: lookup (rows compared), then apply of the same keys."""
+    assert_rows_equal(t.lookup(keys), ref.lookup(keys))
+    g = _grads(keys.shape[0], t.dim, salt)
+    t.apply_gradients(keys, g)
+    ref.apply_gradients(keys, g)
 
 
 def test_training_step_reuses_every_row() -> None:
@@ -113,10 +121,7 @@ def test_a_row_evicted_later_in_the_same_lookup_is_probed() -> None:
     for side in (t, ref):
         side.lookup(u64([1, 2, 3, 4]))
     keys = u64([1, 5, 6])
-    assert_rows_equal(t.lookup(keys), ref.lookup(keys))
-    g = _grads(3, 2, 0)
-    t.apply_gradients(keys, g)
-    ref.apply_gradients(keys, g)
+    _lookup_then_apply(t, ref, keys, salt=0)
     assert_same_state(t, ref, [1, 2, 3, 4, 5, 6])
 
 
@@ -125,10 +130,7 @@ def test_locked_lookup_rows_are_taken_as_they_are_when_no_row_was_passed_twice()
     read was evicted, so the apply takes every row as recorded; state equals the reference."""
     t, ref = Config(dim=2, capacity=64, num_shards=1, optimizer=SGDSpec(lr=0.5)).pair()
     keys = u64([7, 3, 7, 9, 3, 11])
-    assert_rows_equal(t.lookup(keys), ref.lookup(keys))
-    g = _grads(6, 2, 1)
-    t.apply_gradients(keys, g)
-    ref.apply_gradients(keys, g)
+    _lookup_then_apply(t, ref, keys, salt=1)
     assert t.stats()["reused_rows"] == 6
     assert_same_state(t, ref, [3, 7, 9, 11])
 
@@ -141,10 +143,7 @@ def test_ids_a_lookup_did_not_admit_are_probed_by_the_apply() -> None:
     for side in (t, ref):
         side.lookup(u64([1, 1, 2, 2]))  # admitted at their second sighting: inserted
     keys = u64([1, 9, 2, 9, 10])  # 9 admitted at its second sighting here; 10 not
-    assert_rows_equal(t.lookup(keys), ref.lookup(keys))
-    g = _grads(5, 2, 2)
-    t.apply_gradients(keys, g)
-    ref.apply_gradients(keys, g)
+    _lookup_then_apply(t, ref, keys, salt=2)
     assert_same_state(t, ref, [1, 2, 9, 10])
 
 

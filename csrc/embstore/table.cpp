@@ -1114,7 +1114,7 @@ void Table::keep_resolution(const uint64_t* keys, size_t n, RowResolution& r) {
   r.keys.assign(keys, keys + n);
   r.valid = true;
   std::lock_guard<std::mutex> lock(resolution_mutex_);
-  if (resolution_.valid && resolution_.refs_pending) reference_rows(resolution_);
+  pay_references(resolution_);
   std::swap(resolution_, r);
   references_owed_.store(resolution_.refs_pending, std::memory_order_release);
 }
@@ -1133,17 +1133,18 @@ bool Table::take_resolution(const uint64_t* keys, size_t n, RowResolution& r) {
 void Table::settle_references() {
   if (!references_owed_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(resolution_mutex_);
-  if (resolution_.valid && resolution_.refs_pending) reference_rows(resolution_);
-  resolution_.refs_pending = false;
+  pay_references(resolution_);
   references_owed_.store(false, std::memory_order_release);
 }
 
-void Table::reference_rows(const RowResolution& r) noexcept {
+void Table::pay_references(RowResolution& r) noexcept {
+  if (!r.valid || !r.refs_pending) return;
   for (const uint64_t place : r.places) {
     if (place != RowResolution::kUnresolved) {
       AtomicBitmap::set(views_[place >> 32].reference_words, static_cast<uint32_t>(place));
     }
   }
+  r.refs_pending = false;
 }
 
 void Table::set_step(uint64_t step) {
@@ -1653,7 +1654,7 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
                                 ws.rows.data(), places, versions);
     }
   });
-  for (const size_t k : locked) {  // rows an insert evicted later in the call fail the check
+  for (const size_t k : locked) {  // inexact shards' rows are checked (see gather_shard)
     const LookupSumRequest& r = requests[k];
     if (r.insert) {
       spaces[k]->resolution.refs_pending = false;  // gather_shard referenced its rows
@@ -1728,10 +1729,7 @@ void apply_gradients_many(std::vector<ApplyRequest>& requests, Timer op) {
       BatchRunner::apply_shard(*r.table, s, r, lrs[k], *spaces[k]);
     });
   } catch (...) {
-    for (size_t k = 0; k < R; ++k) {
-      const RowResolution& taken = spaces[k]->resolution;
-      if (taken.valid && taken.refs_pending) requests[k].table->reference_rows(taken);
-    }
+    for (size_t k = 0; k < R; ++k) requests[k].table->pay_references(spaces[k]->resolution);
     throw;
   }
   clock.lap(Timer::kStageUpdate);

@@ -252,8 +252,8 @@ class Table {
   // Sets the reference bits the kept resolution still owes. Called before every CLOCK sweep,
   // so a sweep sees the bits of every lookup before it (one atomic load when none are owed).
   void settle_references();
-  // Sets the reference bit of every row `r` records.
-  void reference_rows(const RowResolution& r) noexcept;
+  // Sets the reference bits `r` still owes (RowResolution::refs_pending), if any.
+  void pay_references(RowResolution& r) noexcept;
 
   TableConfig config_;
   unsigned shard_shift_;  // 64 - log2(num_shards); 64 means one shard
