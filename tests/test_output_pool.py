@@ -100,3 +100,9 @@ def test_pool_keeps_at_most_its_limit(pool_limit: int) -> None:
     assert _core.output_pool_bytes() == before
     _core.set_output_pool_limit(0)
     assert _core.output_pool_bytes() == 0
+
+
+@pytest.mark.parametrize(("rows", "dim"), [(-1, 4), (3, -2)])
+def test_negative_sizes_are_refused(rows: int, dim: int) -> None:
+    with pytest.raises(ValueError, match="must be >= 0"):
+        _core.empty_rows(rows, dim)
