@@ -89,6 +89,25 @@ def test_batch_with_more_new_ids_than_capacity() -> None:
     assert_same_state(t2, ref2, u64(range(10, 20)))
 
 
+def test_pooled_training_lookup_whose_inserts_come_round_to_rows_it_read() -> None:
+    """A pooled training lookup pools straight from the rows it found, unless its inserts
+    sweep far enough to evict one of them: then it copies the rows read so far before that
+    insert. Hits first (their rows are read, then their bits cleared and the rows evicted by
+    the later inserts), in bags that mix hits and new ids, and a trained row so that a hit's
+    value differs from an initial row: every bag must still sum the rows as they were read."""
+    cfg = Config(dim=4, capacity=6, num_shards=1, optimizer=SGDSpec(lr=0.5))
+    t, ref = cfg.pair()
+    warm = u64([1, 2, 3, 4, 5, 6])
+    for store in (t, ref):
+        store.lookup(warm)
+        store.apply_gradients(warm, np.ones((6, 4), np.float32))
+    keys = u64([1, 2, 3, 20, 21, 22, 4, 23, 24, 25, 26, 5, 27, 28, 1])
+    off = [0, 2, 6, 9, 15]
+    assert_rows_equal(t.lookup_sum(keys, off), ref.lookup_sum(keys, off))
+    assert_same_state(t, ref, u64(list(range(1, 7)) + list(range(20, 29))))
+    assert t.stats()["evictions"] == ref.stats()["evictions"] > 6
+
+
 # ---- scripted CLOCK sequences (one shard) --------------------------------------------------
 
 

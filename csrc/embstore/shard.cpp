@@ -108,15 +108,16 @@ uint32_t Shard::claim_unused_row() noexcept {
   return used_++;
 }
 
-uint32_t Shard::clock_victim() noexcept {
+uint32_t Shard::clock_victim(uint64_t max_steps) noexcept {
   if (used_ == 0) return kNoRow;
   // Two sweeps clear every reference bit, so a third finding nothing means all are pinned.
   // Lock-free lookups set reference bits without the lock, so while they run they can set
   // bits again behind the hand; then the first evictable row of the sweep is taken rather
   // than failing (alone, the sweep always finds a clear bit first: exact CLOCK).
-  const uint64_t max_steps = 2 * static_cast<uint64_t>(used_) + 1;
+  const uint64_t sweep = 2 * static_cast<uint64_t>(used_) + 1;
   uint32_t first_evictable = kNoRow;
-  for (uint64_t step = 0; step < max_steps; ++step) {
+  for (uint64_t step = 0; step < sweep; ++step) {
+    if (step == max_steps) return kRetry;
     const uint32_t row = hand_;
     hand_ = hand_ + 1 == used_ ? 0 : hand_ + 1;
     ++sweep_steps_;
@@ -130,6 +131,15 @@ uint32_t Shard::clock_victim() noexcept {
   }
   if (first_evictable != kNoRow) hand_ = first_evictable + 1 == used_ ? 0 : first_evictable + 1;
   return first_evictable;
+}
+
+uint32_t Shard::likely_victim(uint32_t limit) const noexcept {
+  uint32_t row = hand_;
+  for (uint32_t step = 0; step < limit && step < used_; ++step) {
+    if (occupied(row) && meta(row).aux == kNoRow && !referenced(row)) return row;
+    row = row + 1 == used_ ? 0 : row + 1;
+  }
+  return kNoRow;
 }
 
 void Shard::evict(uint32_t row) {

@@ -348,8 +348,13 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
 
   // CLOCK: the next unpinned row whose reference bit is clear, clearing bits on the way;
   // kNoRow when every occupied row is pinned (or none is occupied). The victim stays linked;
-  // `evict` unlinks it.
-  uint32_t clock_victim() noexcept;
+  // `evict` unlinks it. With `max_steps`, a sweep that would pass more rows than that stops
+  // first (the hand stays where it got to) and returns kRetry.
+  uint32_t clock_victim(uint64_t max_steps = kUnlimitedSweep) noexcept;
+  static constexpr uint64_t kUnlimitedSweep = ~uint64_t{0};
+  // The row clock_victim would take next if no bit changed meanwhile, looking at most
+  // `limit` rows past the hand and changing nothing; kNoRow if none is found there.
+  uint32_t likely_victim(uint32_t limit) const noexcept;
   // Rows the CLOCK hand has passed, ever. A call whose sweeps advance the hand by fewer rows
   // than the ring holds visits no row twice, so it evicts no row it referenced itself.
   uint64_t sweep_steps() const noexcept { return sweep_steps_; }

@@ -86,6 +86,7 @@ struct Workspace {
   std::vector<uint32_t> unique_rows;  // (n) apply
   bool one_hot = false;               // every bag holds exactly one id
   RowResolution resolution;           // a lookup's, to keep; or the one an apply took
+  std::vector<uint64_t> pass;         // (S) a record-only locked pass's versions (gather_shard)
 };
 
 std::vector<Workspace>& thread_workspaces(size_t count) {
@@ -353,6 +354,8 @@ struct BatchRunner {
       touched_->push_back(static_cast<uint32_t>(s));
       return true;
     }
+    // note(s), and the version noted is `expected` (rows recorded at that version are read).
+    bool note_at(size_t s, uint64_t expected) noexcept { return note(s) && seen_[s] == expected; }
     bool valid() const noexcept {
       for (const uint32_t s : *touched_) {
         if (!t_.shards_[s]->read_valid(seen_[s])) return false;
@@ -649,11 +652,24 @@ struct BatchRunner {
   // `places`: where to record each id's row (RowResolution), or nullptr; then versions[s]
   // gets the shard's version after the pass if every recorded row still holds its id
   // (RowResolution::versions), else RowResolution::kUnknownVersion.
+  //
+  // `pass` (with places): copy nothing while no recorded row can have been evicted - the
+  // caller pools straight from the recorded rows (pool_places), which spares W2 a copy of
+  // every row into a 16 MB buffer and a second pass over it (W2 step 0.8x). Inserts then
+  // sweep at most as far as keeps every row visited once (sweep_budget); an insert that
+  // needs more first copies the rows recorded so far, and the pass goes on copying.
+  // pass[s] gets the shard's version after the pass, or kCopiedShard if it copied.
+  // `count_reads`: add the hits and misses to the counters (false for a redo).
+  static constexpr uint64_t kCopiedShard = 1;  // odd: never a version
   static void gather_shard(Table& t, size_t s, const uint64_t* keys, const Workspace& ws,
                            bool insert, const float* weights, bool pooled, float* dst,
-                           uint64_t* places, uint64_t* versions) {
+                           uint64_t* places, uint64_t* versions, uint64_t* pass = nullptr,
+                           bool count_reads = true) {
     const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
-    if (b == e) return;
+    if (b == e) {
+      if (pass != nullptr) pass[s] = kCopiedShard;  // (no id reads from it)
+      return;
+    }
     const size_t dim = t.dim();
     Shard& sh = *t.shards_[s];
     const bool track = t.track_steps_.load(std::memory_order_relaxed);
@@ -663,10 +679,10 @@ struct BatchRunner {
     uint64_t hits = 0, misses = 0, inserts = 0, evictions = 0, rejected = 0;
     uint32_t ring[kRing];
     uint32_t done = b;  // ids [b, done) are copied
-    auto finish = [&](uint32_t jj) {
+    bool copying = pass == nullptr;
+    auto finish = [&](uint32_t jj, uint32_t row) {
       const uint32_t i = ws.order[jj];
       float* __restrict out = dst + static_cast<size_t>(i) * dim;
-      const uint32_t row = ring[jj % kRing];
       if (row == kNoRow) {
         std::memset(out, 0, dim * sizeof(float));
         return;
@@ -684,6 +700,11 @@ struct BatchRunner {
     const auto lock = sh.lock();
     const uint64_t swept_before = sh.sweep_steps();
     const uint32_t ring_rows = sh.claimed_rows();
+    // How far the next sweep may go with no row passed twice in this pass.
+    const auto sweep_budget = [&]() -> uint64_t {
+      const uint64_t swept = sh.sweep_steps() - swept_before;
+      return swept + 1 < ring_rows ? ring_rows - 1 - swept : 0;
+    };
     std::optional<Shard::WriteScope> writing;  // inserts change the shard
     if (insert) writing.emplace(sh);
     const bool cow = t.snapshot_join(sh);  // checkpoint in progress: preserve before writing
@@ -702,10 +723,21 @@ struct BatchRunner {
         if (insert && sketch != nullptr && sketch->add(hash) < min_count) {
           ++rejected;  // not admitted yet: reads zeros, gets no row
         } else if (insert) {
-          while (done < j) finish(done++);
-          row = t.insert_locked(s, id, hash, step, evictions);
+          if (copying) while (done < j) finish(done, ring[done % kRing]), ++done;
+          row = copying ? t.insert_locked(s, id, hash, step, evictions)
+                        : t.insert_locked(s, id, hash, step, evictions, sweep_budget());
+          if (row == kRetry) {  // from here on a recorded row may be evicted: copy them
+            for (; done < j; ++done) {
+              const uint64_t place = places[ws.order[done]];
+              finish(done, place == RowResolution::kUnresolved ? kNoRow
+                                                               : static_cast<uint32_t>(place));
+            }
+            copying = true;
+            row = t.insert_locked(s, id, hash, step, evictions);
+          }
           if (row == kNoRow) {
-            add_counters(sh, hits, misses, inserts, evictions, rejected);
+            add_counters(sh, count_reads ? hits : 0, count_reads ? misses : 0, inserts,
+                         evictions, rejected);
             throw CapacityError(t.no_row_message(id, s));
           }
           ++inserts;
@@ -715,20 +747,95 @@ struct BatchRunner {
       if (places != nullptr) {
         places[ws.order[j]] = row == kNoRow ? RowResolution::kUnresolved : RowResolution::place(s, row);
       }
-      if (row != kNoRow) prefetch_lines(t.row_ptr(sh, row), dim * sizeof(float));
-      if (j - done >= kRowAhead) finish(done++);
+      if (copying) {
+        if (row != kNoRow) prefetch_lines(t.row_ptr(sh, row), dim * sizeof(float));
+        if (j - done >= kRowAhead) finish(done, ring[done % kRing]), ++done;
+      }
     }
-    while (done < e) finish(done++);
-    add_counters(sh, hits, misses, inserts, evictions, rejected);
+    if (copying) while (done < e) finish(done, ring[done % kRing]), ++done;
+    add_counters(sh, count_reads ? hits : 0, count_reads ? misses : 0, inserts, evictions,
+                 rejected);
     if (places != nullptr) {
       // A row recorded earlier in this pass can have been evicted by a later insert only if
       // the hand came round to it twice (a recorded row's bit is set when recorded).
       const bool exact = sh.sweep_steps() - swept_before < ring_rows;
       writing.reset();
-      versions[s] = exact ? sh.version_locked() : RowResolution::kUnknownVersion;
+      const uint64_t now = sh.version_locked();
+      versions[s] = exact ? now : RowResolution::kUnknownVersion;
+      if (pass != nullptr) pass[s] = copying ? kCopiedShard : now;
     }
   }
 
+  // Pools bags [bag_lo, bag_hi) of r from the rows a record-only locked pass left in
+  // `places` (see gather_shard's `pass`), reading rows of copied shards from `copies`. Reads
+  // without the lock, validated against the pass's versions: false if a writer came since
+  // (the caller then redoes the request).
+  static bool pool_places(Table& t, const LookupSumRequest& r, const uint64_t* places,
+                          const uint64_t* pass, const float* copies, size_t bag_lo,
+                          size_t bag_hi) {
+#if EMBSTORE_HAS_AVX2_KERNELS
+    if (simd_level() == SimdLevel::kAvx2) {
+      return pool_places_avx2(t, r, places, pass, copies, bag_lo, bag_hi);
+    }
+#endif
+    return pool_places_by_dim(t, r, places, pass, copies, bag_lo, bag_hi);
+  }
+#if EMBSTORE_HAS_AVX2_KERNELS
+  EMBSTORE_KERNEL_TARGET_AVX2 static bool pool_places_avx2(Table& t, const LookupSumRequest& r,
+                                                           const uint64_t* places,
+                                                           const uint64_t* pass,
+                                                           const float* copies, size_t bag_lo,
+                                                           size_t bag_hi) {
+    return pool_places_by_dim(t, r, places, pass, copies, bag_lo, bag_hi);
+  }
+#endif
+  static inline bool pool_places_by_dim(Table& t, const LookupSumRequest& r,
+                                        const uint64_t* places, const uint64_t* pass,
+                                        const float* copies, size_t bag_lo, size_t bag_hi) {
+    switch (t.dim()) {
+      case 16: return pool_places_impl<16>(t, r, places, pass, copies, bag_lo, bag_hi);
+      case 32: return pool_places_impl<32>(t, r, places, pass, copies, bag_lo, bag_hi);
+      case 64: return pool_places_impl<64>(t, r, places, pass, copies, bag_lo, bag_hi);
+      case 128: return pool_places_impl<128>(t, r, places, pass, copies, bag_lo, bag_hi);
+      default: return pool_places_impl<0>(t, r, places, pass, copies, bag_lo, bag_hi);
+    }
+  }
+  template <size_t kDim>
+  static bool pool_places_impl(Table& t, const LookupSumRequest& r, const uint64_t* places,
+                               const uint64_t* pass, const float* copies, size_t bag_lo,
+                               size_t bag_hi) {
+    const size_t dim = kDim != 0 ? kDim : t.dim();
+    const float* zeros = zero_row(dim);
+    const Table::ShardView* views = t.views_.data();
+    const size_t stride = t.arena_.stride();
+    const size_t lo = static_cast<size_t>(r.offsets[bag_lo]);
+    const size_t hi = static_cast<size_t>(r.offsets[bag_hi]);
+    ShardVersions versions(t);
+    // Id j's row, or nullptr if its shard changed since the pass.
+    const auto row_at = [&](size_t j) -> const float* {
+      const uint64_t place = places[j];
+      if (place == RowResolution::kUnresolved) return zeros;
+      const size_t s = place >> 32;
+      if (pass[s] == kCopiedShard) return copies + j * dim;
+      if (!versions.note_at(s, pass[s])) return nullptr;
+      return views[s].rows + static_cast<uint32_t>(place) * stride;
+    };
+    for (size_t j = lo; j < std::min(hi, lo + kRowAhead); ++j) {
+      const float* row = row_at(j);
+      if (row == nullptr) return false;
+      prefetch_lines(row, dim * sizeof(float));
+    }
+    const auto row_of = [&](size_t j) -> const float* {
+      if (j + kRowAhead < hi) {
+        const float* ahead = row_at(j + kRowAhead);
+        if (ahead == nullptr) return nullptr;
+        prefetch_lines(ahead, dim * sizeof(float));
+      }
+      return row_at(j);
+    };
+    const std::atomic<bool> never{false};
+    return write_bags<kDim>(r, bag_lo, bag_hi, dim, never, row_of) && versions.valid();
+  }
 
   // out[b] = rows[offsets[b]] (+ ...) in order, optionally weighted; mean divides by count.
   static void pool_bags(const LookupSumRequest& r, size_t dim, const float* rows, size_t bag_lo,
@@ -1189,15 +1296,15 @@ size_t Table::size() const noexcept {
 // and could evict a row that the same call is about to update there. With quotas a shard
 // that must evict holds at least one row, so with CLOCK only a shard whose rows are all
 // pinned by the current apply reports kNoRow.
-uint32_t Table::claim_row_locked(size_t shard_index, uint64_t& evictions) {
+uint32_t Table::claim_row_locked(size_t shard_index, uint64_t& evictions, uint64_t max_sweep) {
   Shard& sh = *shards_[shard_index];
   if (sh.has_unclaimed_row() && (sh.size() < sh.quota() || try_borrow())) {
     return sh.claim_unused_row();
   }
   if (config_.eviction != Eviction::kClock) return kNoRow;
   settle_references();
-  const uint32_t victim = sh.clock_victim();
-  if (victim == kNoRow) return kNoRow;
+  const uint32_t victim = sh.clock_victim(max_sweep);
+  if (victim == kNoRow || victim == kRetry) return victim;
   // The victim's row is rewritten by the caller once its slot is unlinked: fetch its lines
   // for writing now, so they arrive while evict() probes the slot (W2 step 0.96x, in-process
   // A/B).
@@ -1212,14 +1319,22 @@ uint32_t Table::claim_row_locked(size_t shard_index, uint64_t& evictions) {
   }
   sh.evict(victim);
   ++evictions;
+  // The next insert most likely takes the next clear row past the hand: fetch its id's
+  // index slot (which evict() probes) and its row, while the caller does other work (W2
+  // step 0.96x, in-process A/B).
+  const uint32_t next = sh.likely_victim(64);
+  if (next != kNoRow) {
+    sh.prefetch(mix64(sh.meta(next).id));
+    prefetch_lines<1>(row_ptr(sh, next), arena_.stride() * sizeof(float));
+  }
   return victim;
 }
 
 uint32_t Table::insert_locked(size_t shard_index, uint64_t id, uint64_t hash, uint32_t step,
-                              uint64_t& evictions) {
+                              uint64_t& evictions, uint64_t max_sweep) {
   Shard& sh = *shards_[shard_index];
-  const uint32_t row = claim_row_locked(shard_index, evictions);
-  if (row == kNoRow) return kNoRow;
+  const uint32_t row = claim_row_locked(shard_index, evictions, max_sweep);
+  if (row == kNoRow || row == kRetry) return row;
   float* values = row_ptr(sh, row);
   initial_row(config_.initializer, id, values, config_.dim);
   init_state(config_.optimizer, values + config_.dim, config_.dim);
@@ -1618,8 +1733,8 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
   });
   clock.lap(Timer::kStageGather);
 
-  // 3. Locked path for aborted requests: group ids by shard, copy rows under each shard's
-  //    lock in id order (inserting missing ids), then pool the gathered rows in bag order.
+  // 3. Locked path for aborted requests: group ids by shard, resolve them under each
+  //    shard's lock in id order (inserting missing ids), then pool their rows in bag order.
   std::vector<size_t> locked;
   for (size_t k = 0; k < R; ++k) {
     if (aborted[k].load(std::memory_order_relaxed)) locked.push_back(k);
@@ -1628,32 +1743,88 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
     clock.record(requests, op);
     return;
   }
+  // A training lookup that pools (bags of any size) records its rows' places and pools
+  // straight from the rows after the pass (gather_shard's `pass`); others copy the rows to
+  // their output (one id per bag) or to the workspace, and pool from there.
+  const auto record_only = [&](size_t k) {
+    return requests[k].insert && !spaces[k]->one_hot;
+  };
   pool.run(locked.size(), workers, [&](size_t q) {
     const size_t k = locked[q];
     const LookupSumRequest& r = requests[k];
     BatchRunner::plan(*r.table, r.keys, r.n, *spaces[k]);
     if (!spaces[k]->one_hot) spaces[k]->rows.resize(r.n * r.table->dim());
     spaces[k]->resolution.versions.assign(r.table->num_shards(), RowResolution::kUnknownVersion);
+    spaces[k]->pass.resize(r.table->num_shards());
   });
   clock.lap(Timer::kStagePlan);
-  TaskSpace shard_tasks;
-  for (const size_t k : locked) shard_tasks.add(requests[k].table->num_shards());
   const size_t rot = rotation();
-  pool.run(shard_tasks.total(), workers, [&](size_t task) {
-    const size_t q = shard_tasks.request_of(task);
-    const LookupSumRequest& r = requests[locked[q]];
-    Workspace& ws = *spaces[locked[q]];
-    const size_t s = (task - shard_tasks.begin[q] + rot) % r.table->num_shards();
-    uint64_t* places = r.insert ? ws.resolution.places.data() : nullptr;
-    uint64_t* versions = ws.resolution.versions.data();
-    if (ws.one_hot) {
-      BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, r.weights,
-                                r.offsets != nullptr, r.out, places, versions);
-    } else {
-      BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, nullptr, false,
-                                ws.rows.data(), places, versions);
+  // Runs the locked pass of requests locked[q] for q in `which`.
+  const auto gather = [&](const std::vector<size_t>& which, bool first) {
+    TaskSpace shard_tasks;
+    for (const size_t q : which) shard_tasks.add(requests[locked[q]].table->num_shards());
+    pool.run(shard_tasks.total(), workers, [&](size_t task) {
+      const size_t w = shard_tasks.request_of(task);
+      const size_t k = locked[which[w]];
+      const LookupSumRequest& r = requests[k];
+      Workspace& ws = *spaces[k];
+      const size_t s = (task - shard_tasks.begin[w] + rot) % r.table->num_shards();
+      uint64_t* places = r.insert ? ws.resolution.places.data() : nullptr;
+      uint64_t* versions = ws.resolution.versions.data();
+      if (ws.one_hot) {
+        BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, r.weights,
+                                  r.offsets != nullptr, r.out, places, versions);
+      } else {
+        BatchRunner::gather_shard(*r.table, s, r.keys, ws, r.insert, nullptr, false,
+                                  ws.rows.data(), places, versions,
+                                  first && record_only(k) ? ws.pass.data() : nullptr, first);
+      }
+    });
+  };
+  // Pools the bags of requests locked[q] for q in `which`; `raced[q]` is set where a
+  // record-only request's rows changed before they were read.
+  std::unique_ptr<std::atomic<bool>[]> raced(new std::atomic<bool>[locked.size()]);
+  for (size_t q = 0; q < locked.size(); ++q) raced[q].store(false, std::memory_order_relaxed);
+  const auto pool_all = [&](const std::vector<size_t>& which, bool first) {
+    TaskSpace pool_tasks;
+    for (const size_t q : which) {
+      const size_t k = locked[q];
+      pool_tasks.add(spaces[k]->one_hot ? 0 : (requests[k].num_bags + kBagsPerPoolTask - 1) /
+                                                  kBagsPerPoolTask);
     }
-  });
+    pool.run(pool_tasks.total(), workers, [&](size_t task) {
+      const size_t w = pool_tasks.request_of(task);
+      const size_t k = locked[which[w]];
+      const LookupSumRequest& r = requests[k];
+      Workspace& ws = *spaces[k];
+      const size_t lo = (task - pool_tasks.begin[w]) * kBagsPerPoolTask;
+      const size_t hi = std::min(r.num_bags, lo + kBagsPerPoolTask);
+      if (!first || !record_only(k)) {
+        BatchRunner::pool_bags(r, r.table->dim(), ws.rows.data(), lo, hi);
+      } else if (!BatchRunner::pool_places(*r.table, r, ws.resolution.places.data(),
+                                           ws.pass.data(), ws.rows.data(), lo, hi)) {
+        raced[which[w]].store(true, std::memory_order_relaxed);
+      }
+    });
+    return pool_tasks.total() != 0;
+  };
+  std::vector<size_t> all(locked.size());
+  for (size_t q = 0; q < locked.size(); ++q) all[q] = q;
+  gather(all, true);
+  clock.lap(Timer::kStageLockedGather);
+  const bool pooled = pool_all(all, true);
+  // A writer changed rows a record-only request was to read: redo its pass copying rows.
+  // Its ids are in the table now unless that writer evicted them; the redo does not count
+  // its hits and misses again (an admission sketch does see its rejected ids again).
+  std::vector<size_t> redo;
+  for (size_t q = 0; q < locked.size(); ++q) {
+    if (raced[q].load(std::memory_order_relaxed)) redo.push_back(q);
+  }
+  if (!redo.empty()) {
+    for (const size_t q : redo) requests[locked[q]].table->read_retries_.fetch_add(1);
+    gather(redo, false);
+    pool_all(redo, false);
+  }
   for (const size_t k : locked) {  // inexact shards' rows are checked (see gather_shard)
     const LookupSumRequest& r = requests[k];
     if (r.insert) {
@@ -1661,20 +1832,7 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
       r.table->keep_resolution(r.keys, r.n, spaces[k]->resolution);
     }
   }
-  clock.lap(Timer::kStageLockedGather);
-  TaskSpace pool_tasks;
-  for (const size_t k : locked) {
-    pool_tasks.add(spaces[k]->one_hot ? 0 : (requests[k].num_bags + kBagsPerPoolTask - 1) /
-                                                kBagsPerPoolTask);
-  }
-  pool.run(pool_tasks.total(), workers, [&](size_t task) {
-    const size_t q = pool_tasks.request_of(task);
-    const LookupSumRequest& r = requests[locked[q]];
-    const size_t lo = (task - pool_tasks.begin[q]) * kBagsPerPoolTask;
-    BatchRunner::pool_bags(r, r.table->dim(), spaces[locked[q]]->rows.data(), lo,
-                           std::min(r.num_bags, lo + kBagsPerPoolTask));
-  });
-  if (pool_tasks.total() != 0) clock.lap(Timer::kStagePool);
+  if (pooled) clock.lap(Timer::kStagePool);
   clock.record(requests, op);
 }
 

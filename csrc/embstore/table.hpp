@@ -234,10 +234,13 @@ class Table {
     return arena_.row(static_cast<size_t>(s.first_row()) + local_row);
   }
   // Inserts the absent `id` into shard `shard_index` (whose lock the caller holds) with its
-  // initial row and state. Returns the shard-local row, or kNoRow when no row can be had.
+  // initial row and state. Returns the shard-local row, or kNoRow when no row can be had,
+  // or kRetry (nothing changed but the CLOCK hand) when taking one would sweep more than
+  // `max_sweep` rows.
   uint32_t insert_locked(size_t shard_index, uint64_t id, uint64_t hash, uint32_t step,
-                         uint64_t& evictions);
-  uint32_t claim_row_locked(size_t shard_index, uint64_t& evictions);
+                         uint64_t& evictions, uint64_t max_sweep = Shard::kUnlimitedSweep);
+  uint32_t claim_row_locked(size_t shard_index, uint64_t& evictions,
+                            uint64_t max_sweep = Shard::kUnlimitedSweep);
   bool try_borrow() noexcept;
   void give_back(size_t rows) noexcept { pool_.fetch_add(rows, std::memory_order_relaxed); }
   std::string no_row_message(uint64_t id, size_t shard_index) const;
