@@ -820,18 +820,20 @@ struct BatchRunner {
       if (!versions.note_at(s, pass[s])) return nullptr;
       return views[s].rows + static_cast<uint32_t>(place) * stride;
     };
-    for (size_t j = lo; j < std::min(hi, lo + kRowAhead); ++j) {
+    const float* rows[kRing];  // id j's row at j % kRing, from its prefetch
+    const auto fetch = [&](size_t j) -> bool {
       const float* row = row_at(j);
       if (row == nullptr) return false;
       prefetch_lines(row, dim * sizeof(float));
+      rows[j % kRing] = row;
+      return true;
+    };
+    for (size_t j = lo; j < std::min(hi, lo + kRowAhead); ++j) {
+      if (!fetch(j)) return false;
     }
     const auto row_of = [&](size_t j) -> const float* {
-      if (j + kRowAhead < hi) {
-        const float* ahead = row_at(j + kRowAhead);
-        if (ahead == nullptr) return nullptr;
-        prefetch_lines(ahead, dim * sizeof(float));
-      }
-      return row_at(j);
+      if (j + kRowAhead < hi && !fetch(j + kRowAhead)) return nullptr;
+      return rows[j % kRing];
     };
     const std::atomic<bool> never{false};
     return write_bags<kDim>(r, bag_lo, bag_hi, dim, never, row_of) && versions.valid();
