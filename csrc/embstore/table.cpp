@@ -11,6 +11,7 @@
 #include <pthread.h>  // pthread_atfork
 #include <stdexcept>  // std::invalid_argument
 #include <string>     // std::to_string
+#include <type_traits>  // std::integral_constant
 #include <utility>    // std::pair
 
 #include "embstore/errors.hpp"       // CapacityError
@@ -396,36 +397,42 @@ struct BatchRunner {
     return zeros.data();
   }
 
+  // Runs kernel(std::integral_constant<size_t, W>{}): W is the table's width when the row
+  // kernels have a fully unrolled version for it (16, 32, 64, 128), else 0 (any width).
+  // Inside the AVX2 wrapper when the CPU has it (the wrapper's `flatten` inlines the whole
+  // kernel into it, so all of it is compiled for AVX2).
+  template <class Kernel>
+  static auto by_width(size_t dim, const Kernel& kernel) {
+#if EMBSTORE_HAS_AVX2_KERNELS
+    if (simd_level() == SimdLevel::kAvx2) return by_width_avx2(dim, kernel);
+#endif
+    return by_width_portable(dim, kernel);
+  }
+#if EMBSTORE_HAS_AVX2_KERNELS
+  template <class Kernel>
+  EMBSTORE_KERNEL_TARGET_AVX2 static auto by_width_avx2(size_t dim, const Kernel& kernel) {
+    return by_width_portable(dim, kernel);
+  }
+#endif
+  template <class Kernel>
+  static inline auto by_width_portable(size_t dim, const Kernel& kernel) {
+    switch (dim) {
+      case 16: return kernel(std::integral_constant<size_t, 16>{});
+      case 32: return kernel(std::integral_constant<size_t, 32>{});
+      case 64: return kernel(std::integral_constant<size_t, 64>{});
+      case 128: return kernel(std::integral_constant<size_t, 128>{});
+      default: return kernel(std::integral_constant<size_t, 0>{});
+    }
+  }
+
   // The task's bags: the fast kernel, or (careful) the row-by-row retry of a raced task.
   static void read_bags(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
                         std::atomic<bool>& abort, ReadTask& task, uint64_t* places,
                         bool careful) {
     if (careful) return read_bags_careful(t, r, bag_lo, bag_hi, abort, task, places);
-#if EMBSTORE_HAS_AVX2_KERNELS
-    if (simd_level() == SimdLevel::kAvx2) {
-      return read_bags_avx2(t, r, bag_lo, bag_hi, abort, task, places);
-    }
-#endif
-    read_bags_by_dim(t, r, bag_lo, bag_hi, abort, task, places);
-  }
-#if EMBSTORE_HAS_AVX2_KERNELS
-  EMBSTORE_KERNEL_TARGET_AVX2 static void read_bags_avx2(Table& t, const LookupSumRequest& r,
-                                                         size_t bag_lo, size_t bag_hi,
-                                                         std::atomic<bool>& abort,
-                                                         ReadTask& task, uint64_t* places) {
-    read_bags_by_dim(t, r, bag_lo, bag_hi, abort, task, places);
-  }
-#endif
-  static inline void read_bags_by_dim(Table& t, const LookupSumRequest& r, size_t bag_lo,
-                                      size_t bag_hi, std::atomic<bool>& abort, ReadTask& task,
-                                      uint64_t* places) {
-    switch (t.dim()) {  // common widths get fully unrolled kernels
-      case 16: return read_bags_impl<16>(t, r, bag_lo, bag_hi, abort, task, places);
-      case 32: return read_bags_impl<32>(t, r, bag_lo, bag_hi, abort, task, places);
-      case 64: return read_bags_impl<64>(t, r, bag_lo, bag_hi, abort, task, places);
-      case 128: return read_bags_impl<128>(t, r, bag_lo, bag_hi, abort, task, places);
-      default: return read_bags_impl<0>(t, r, bag_lo, bag_hi, abort, task, places);
-    }
+    by_width(t.dim(), [&](auto width) {
+      read_bags_impl<decltype(width)::value>(t, r, bag_lo, bag_hi, abort, task, places);
+    });
   }
 
   // Optimistic pooled lookup of bags [bag_lo, bag_hi) of one request, summed straight into
@@ -655,7 +662,7 @@ struct BatchRunner {
   //
   // `pass` (with places): copy nothing while no recorded row can have been evicted - the
   // caller pools straight from the recorded rows (pool_places), which spares W2 a copy of
-  // every row into a 16 MB buffer and a second pass over it (W2 step 0.8x). Inserts then
+  // every row into a 16 MB buffer and a second pass over it (W2 step 0.84x). Inserts then
   // sweep at most as far as keeps every row visited once (sweep_budget); an insert that
   // needs more first copies the rows recorded so far, and the pass goes on copying.
   // pass[s] gets the shard's version after the pass, or kCopiedShard if it copied.
@@ -773,32 +780,10 @@ struct BatchRunner {
   static bool pool_places(Table& t, const LookupSumRequest& r, const uint64_t* places,
                           const uint64_t* pass, const float* copies, size_t bag_lo,
                           size_t bag_hi) {
-#if EMBSTORE_HAS_AVX2_KERNELS
-    if (simd_level() == SimdLevel::kAvx2) {
-      return pool_places_avx2(t, r, places, pass, copies, bag_lo, bag_hi);
-    }
-#endif
-    return pool_places_by_dim(t, r, places, pass, copies, bag_lo, bag_hi);
-  }
-#if EMBSTORE_HAS_AVX2_KERNELS
-  EMBSTORE_KERNEL_TARGET_AVX2 static bool pool_places_avx2(Table& t, const LookupSumRequest& r,
-                                                           const uint64_t* places,
-                                                           const uint64_t* pass,
-                                                           const float* copies, size_t bag_lo,
-                                                           size_t bag_hi) {
-    return pool_places_by_dim(t, r, places, pass, copies, bag_lo, bag_hi);
-  }
-#endif
-  static inline bool pool_places_by_dim(Table& t, const LookupSumRequest& r,
-                                        const uint64_t* places, const uint64_t* pass,
-                                        const float* copies, size_t bag_lo, size_t bag_hi) {
-    switch (t.dim()) {
-      case 16: return pool_places_impl<16>(t, r, places, pass, copies, bag_lo, bag_hi);
-      case 32: return pool_places_impl<32>(t, r, places, pass, copies, bag_lo, bag_hi);
-      case 64: return pool_places_impl<64>(t, r, places, pass, copies, bag_lo, bag_hi);
-      case 128: return pool_places_impl<128>(t, r, places, pass, copies, bag_lo, bag_hi);
-      default: return pool_places_impl<0>(t, r, places, pass, copies, bag_lo, bag_hi);
-    }
+    return by_width(t.dim(), [&](auto width) {
+      return pool_places_impl<decltype(width)::value>(t, r, places, pass, copies, bag_lo,
+                                                      bag_hi);
+    });
   }
   template <size_t kDim>
   static bool pool_places_impl(Table& t, const LookupSumRequest& r, const uint64_t* places,

@@ -235,8 +235,8 @@ class Table {
   }
   // Inserts the absent `id` into shard `shard_index` (whose lock the caller holds) with its
   // initial row and state. Returns the shard-local row, or kNoRow when no row can be had,
-  // or kRetry (nothing changed but the CLOCK hand) when taking one would sweep more than
-  // `max_sweep` rows.
+  // or kRetry when taking one would sweep more than `max_sweep` rows (then the sweep has
+  // moved the CLOCK hand and cleared the bits it passed, as any sweep does; nothing else).
   uint32_t insert_locked(size_t shard_index, uint64_t id, uint64_t hash, uint32_t step,
                          uint64_t& evictions, uint64_t max_sweep = Shard::kUnlimitedSweep);
   uint32_t claim_row_locked(size_t shard_index, uint64_t& evictions,
