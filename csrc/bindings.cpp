@@ -530,6 +530,11 @@ PYBIND11_MODULE(_core, m) {
       "set_output_pool_limit",
       [](size_t bytes) { embstore::BufferPool::global().set_limit(bytes); }, py::arg("bytes"));
   m.def("hardware_threads", &embstore::ThreadPool::hardware_threads);
+  m.def("pool_spin_us", [] { return embstore::ThreadPool::global().spin_us(); });
+  m.def(
+      "set_pool_spin_us",
+      [](uint32_t us) { embstore::ThreadPool::global().set_spin_us(us); },
+      py::arg("us"));
   m.def("metrics_enabled", &embstore::metrics_enabled);
   m.def("set_metrics_enabled", &embstore::set_metrics_enabled, py::arg("on"));
   m.def("simd_level", [] { return std::string(embstore::simd_level_name(embstore::simd_level())); });

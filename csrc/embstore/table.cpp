@@ -5,6 +5,7 @@
 #include <chrono>     // std::chrono::steady_clock
 #include <cmath>      // std::isfinite, std::sqrt, std::ceil
 #include <cstring>    // std::memcpy, std::memset
+#include <exception>  // std::exception_ptr, std::rethrow_exception
 #include <numeric>    // std::iota
 #include <optional>   // std::optional
 
@@ -164,6 +165,40 @@ inline void prefetch_lines(const void* p, size_t bytes) {
 
 size_t choose_workers(size_t total_ids, size_t max_threads) {
   return std::max<size_t>(1, std::min(max_threads, total_ids / kIdsPerWorker));
+}
+
+// The workers a batch of several requests gets: by its ids, up to its tables' most threads.
+// With more than one, the pool's helpers are woken now, so that they are polling for the job
+// by the time validation ends (ThreadPool::prewake; W1 D=32 L=1 forward 0.9x with calls
+// ~1 ms apart, in-process A/B).
+template <typename Request>
+size_t workers_for(const std::vector<Request>& requests) {
+  size_t total_ids = 0, max_threads = 1;
+  for (const Request& r : requests) {
+    total_ids += r.n;
+    max_threads = std::max(max_threads, r.table->num_threads());
+  }
+  const size_t workers = choose_workers(total_ids, max_threads);
+  if (workers > 1) ThreadPool::global().prewake();
+  return workers;
+}
+
+// Runs validate(k) for every request k on the pool (a W1 apply reads 2 MB of gradients to
+// check them), then rethrows the error of the first request, in request order, that failed:
+// the error a call raises does not depend on thread timing.
+template <typename Validate>
+void validate_each(size_t num_requests, size_t workers, const Validate& validate) {
+  std::vector<std::exception_ptr> errors(num_requests);
+  ThreadPool::global().run(num_requests, workers, [&](size_t k) {
+    try {
+      validate(k);
+    } catch (...) {
+      errors[k] = std::current_exception();
+    }
+  });
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 // Rotates each call's first shard so concurrent callers start on different locks.
@@ -1652,9 +1687,9 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
   StageClock clock;
   const size_t R = requests.size();
   std::vector<Workspace*> spaces = caller_workspaces(R);
-  size_t total_ids = 0, max_threads = 1;
+  const size_t workers = workers_for(requests);
   // 1. Validate everything before any table changes.
-  for (size_t k = 0; k < R; ++k) {
+  validate_each(R, workers, [&](size_t k) {
     const LookupSumRequest& r = requests[k];
     Workspace& ws = *spaces[k];
     ws.one_hot = true;
@@ -1665,10 +1700,7 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
       throw std::invalid_argument(prefix(r.label) + "without offsets, num_bags must equal n");
     }
     if (r.weights != nullptr) validate_finite(r.weights, r.n, "weights", r.label);
-    total_ids += r.n;
-    max_threads = std::max(max_threads, r.table->num_threads());
-  }
-  const size_t workers = choose_workers(total_ids, max_threads);
+  });
   ThreadPool& pool = ThreadPool::global();
   clock.lap(Timer::kStageValidate);
 
@@ -1827,17 +1859,15 @@ void apply_gradients_many(std::vector<ApplyRequest>& requests, Timer op) {
   StageClock clock;
   const size_t R = requests.size();
   std::vector<Workspace*> spaces = caller_workspaces(R);
-  size_t total_ids = 0, max_threads = 1;
+  const size_t workers = workers_for(requests);
   // 1. Validate everything before any table changes.
-  for (const ApplyRequest& r : requests) {
+  validate_each(R, workers, [&](size_t k) {
+    const ApplyRequest& r = requests[k];
     const size_t grad_rows = r.offsets == nullptr ? r.n : r.num_bags;
     if (r.offsets != nullptr) validate_offsets(r.offsets, r.num_bags, r.n, r.label);
     validate_finite(r.grads, grad_rows * r.table->dim(), "grads", r.label);
     if (r.weights != nullptr) validate_finite(r.weights, r.n, "weights", r.label);
-    total_ids += r.n;
-    max_threads = std::max(max_threads, r.table->num_threads());
-  }
-  const size_t workers = choose_workers(total_ids, max_threads);
+  });
   ThreadPool& pool = ThreadPool::global();
   std::vector<float> lrs(R);  // one learning rate per call, even if set_lr runs meanwhile
   for (size_t k = 0; k < R; ++k) lrs[k] = requests[k].table->lr();

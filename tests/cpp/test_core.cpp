@@ -16,6 +16,7 @@
 
 #include <algorithm>   // std::shuffle, std::find, std::count
 #include <atomic>      // std::atomic
+#include <chrono>      // std::chrono
 #include <cmath>       // std::sqrt, std::log, std::cos, std::sin, std::isnan, std::fabs
 #include <cstdint>     // uint64_t, int64_t, uintptr_t
 #include <cstdio>      // std::printf, std::fprintf
@@ -1519,6 +1520,45 @@ TEST_CASE(thread_pool_runs_every_task_once_and_rethrows) {
   bool all_here = true;
   solo.run(20, 8, [&](size_t) { all_here = all_here && std::this_thread::get_id() == me; });
   CHECK(all_here);
+}
+
+// Waiting threads spin before they sleep (ThreadPool's file comment): every task still runs
+// once whether the helpers are spinning, asleep, or woken ahead of a job, whether the caller
+// finds its helpers done while it spins or has to sleep for them, and a pool whose helpers
+// spin is destroyed without waiting out their spin.
+TEST_CASE(thread_pool_spinning_and_sleeping_waits_run_every_task_once) {
+  for (uint32_t spin : {0u, 50u, 5000u}) {
+    ThreadPool pool(2, spin);
+    CHECK(pool.spin_us() == spin);
+    for (int rep = 0; rep < 120; ++rep) {
+      if (rep % 3 == 0) pool.prewake();
+      if (rep % 10 == 9) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      const size_t tasks = 1 + static_cast<size_t>(rep % 7) * 5;
+      std::vector<std::atomic<int>> runs(tasks);
+      pool.run(tasks, 3, [&](size_t task) {
+        // Some last tasks outlast the caller's spin, some end while it spins.
+        if (task + 1 == tasks && rep % 4 == 1) {
+          std::this_thread::sleep_for(std::chrono::microseconds(rep % 8 == 1 ? 8000 : 20));
+        }
+        runs[task].fetch_add(1);
+      });
+      for (size_t k = 0; k < tasks; ++k) CHECK(runs[k].load() == 1);
+    }
+  }
+  ThreadPool capped(1, 0);
+  capped.set_spin_us(ThreadPool::kMaxSpinUs * 10);
+  CHECK(capped.spin_us() == ThreadPool::kMaxSpinUs);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    ThreadPool spinning(2, ThreadPool::kMaxSpinUs);  // 100 ms spins
+    std::atomic<int> ran{0};
+    spinning.run(8, 3, [&](size_t) {  // long enough for both helpers to join, then spin
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ran.fetch_add(1);
+    });
+    CHECK(ran.load() == 8);
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(60));
 }
 
 // =======================================================================================
