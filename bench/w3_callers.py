@@ -1,11 +1,17 @@
 """WORKLOADS.md W3: K Python threads call one TableGroup at once (a PS server's view).
 
-``PYTHONPATH=src python bench/w3_callers.py [--universe U] [--seconds S] [--threads 1,2,4,8]``
+``PYTHONPATH=src python bench/w3_callers.py [--universe U] [--seconds S] [--rounds R]
+[--threads 1,2,4,8]``
 
 As W1 (L=8, D=32, 8 warm tables), but K caller threads run for a fixed time each with its
 own batches: even-numbered threads do forward lookups, odd ones apply gradients. Prints the
 aggregate ids/s and each call type's P50/P99 latency per K. Targets (DESIGN.md): throughput
 does not fall as K grows past the core count; P99 <= 3x P50.
+
+Each K runs ``--rounds`` times for ``--seconds / --rounds`` each, the K values interleaved
+(in reverse order on odd rounds), so that a machine that slows down or speeds up during the
+run does not favour the K values measured first. The aggregate ids/s of a K is the median
+of its rounds (the range follows); latencies pool every call of that K.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import argparse
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +31,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tables", type=int, default=8)
     p.add_argument("--universe", type=int, default=1_000_000)
-    p.add_argument("--seconds", type=float, default=6.0)
+    p.add_argument("--seconds", type=float, default=6.0, help="per K, over all rounds")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per K")
     p.add_argument("--threads", default="1,2,4,8", help="caller counts K")
     p.add_argument("--core-threads", type=int, default=2, help="each table's num_threads")
     args = p.parse_args()
@@ -52,12 +60,13 @@ def main() -> None:
             sum(float(s["lock_wait_us"]) for s in stats) / 1e3,
         )
 
-    def run(k_threads: int) -> str:
+    def run(k_threads: int, seconds: float) -> dict[str, Any]:
+        """K callers for ``seconds``: ids/s, every call's latency, the contention counters."""
         latencies: dict[str, list[float]] = {"fwd": [], "apply": []}
         before = contention()
         ids = [0]
         lock = threading.Lock()
-        stop = time.perf_counter() + args.seconds
+        stop = time.perf_counter() + seconds
 
         def caller(k: int) -> None:
             kind = "fwd" if k % 2 == 0 else "apply"
@@ -85,26 +94,41 @@ def main() -> None:
         for th in threads:
             th.join()
         elapsed = time.perf_counter() - start
-        row = f"| {k_threads} | {ids[0] / elapsed / 1e6:.2f} M |"
+        after = contention()
+        return {
+            "ids_per_s": ids[0] / elapsed,
+            "latencies": latencies,
+            "contention": [a - b for a, b in zip(after, before)],
+        }
+
+    def row(k_threads: int, rounds: list[dict[str, Any]]) -> str:
+        rates = [r["ids_per_s"] / 1e6 for r in rounds]
+        spread = f" ({min(rates):.2f}-{max(rates):.2f})" if len(rates) > 1 else ""
+        line = f"| {k_threads} | {np.median(rates):.2f} M{spread} |"
+        calls = 0
         for kind in ("fwd", "apply"):
-            v = np.array(latencies[kind]) * 1e3
-            row += f" {np.median(v):.1f} / {np.percentile(v, 99):.1f} |" if v.size else " - |"
-        calls = len(latencies["fwd"]) + len(latencies["apply"])
-        retries, waits, wait_ms = (a - b for a, b in zip(contention(), before))
-        row += f" {calls} | {retries} | {waits} ({wait_ms:.0f} ms) |"
-        return row
+            v = np.array([x for r in rounds for x in r["latencies"][kind]]) * 1e3
+            calls += v.size
+            line += f" {np.median(v):.1f} / {np.percentile(v, 99):.1f} |" if v.size else " - |"
+        retries, waits, wait_ms = (sum(r["contention"][i] for r in rounds) for i in range(3))
+        return line + f" {calls} | {retries} | {waits} ({wait_ms:.0f} ms) |"
 
     print(
         f"W3: T={args.tables} U={args.universe:,} L=8 D=32, tables num_threads="
-        f"{args.core_threads}, {args.seconds:g} s per K\n"
+        f"{args.core_threads}, {args.seconds:g} s per K in {args.rounds} interleaved rounds\n"
     )
     print(
         "| K | aggregate ids/s | forward P50 / P99 ms | apply P50 / P99 ms | calls "
         "| read tasks redone | lock waits (total wait) |"
     )
     print("|---|---|---|---|---|---|---|")
-    for k in (int(x) for x in args.threads.split(",")):
-        print(run(k), flush=True)
+    ks = [int(x) for x in args.threads.split(",")]
+    results: dict[int, list[dict[str, Any]]] = {k: [] for k in ks}
+    for rnd in range(args.rounds):
+        for k in ks if rnd % 2 == 0 else ks[::-1]:
+            results[k].append(run(k, args.seconds / args.rounds))
+    for k in ks:
+        print(row(k, results[k]), flush=True)
 
 
 if __name__ == "__main__":
