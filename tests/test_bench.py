@@ -320,10 +320,12 @@ def test_plot_without_matplotlib_fails_before_running(
 
 
 def test_w3_runner_reports_throughput_latency_and_contention_per_k() -> None:
-    """bench/w3_callers.py at a tiny size: one row per K with ids/s, each call type's
-    P50 / P99, and the contention columns (calls, read tasks redone, lock waits)."""
+    """bench/w3_callers.py at a tiny size: one row per K with the median ids/s of its
+    interleaved rounds and their range, each call type's P50 / P99, and the contention
+    columns (calls, read tasks redone, lock waits)."""
     root = Path(__file__).resolve().parents[1]
-    args = ["--tables", "2", "--universe", "4096", "--seconds", "0.3", "--threads", "1,2"]
+    args = ["--tables", "2", "--universe", "4096", "--seconds", "0.4", "--rounds", "2"]
+    args += ["--threads", "1,2"]
     out = subprocess.run(
         [sys.executable, str(root / "bench" / "w3_callers.py"), *args],
         check=False,  # the embstore this test imports (installed, or PYTHONPATH=src)
@@ -343,7 +345,9 @@ def test_w3_runner_reports_throughput_latency_and_contention_per_k() -> None:
     assert set(rows) == {"1", "2"}
     for k, cells in rows.items():
         ids_per_s, fwd, apply, calls, redone, waits = (c.strip() for c in cells)
-        assert float(ids_per_s.removesuffix(" M")) > 0
+        median, spread = ids_per_s.split(" M (")
+        low, high = (float(x) for x in spread.removesuffix(")").split("-"))
+        assert 0 < low <= float(median) <= high
         assert " / " in fwd and int(calls) > 0 and int(redone) >= 0
         assert int(waits.split(" (")[0]) >= 0 and waits.endswith(" ms)")
         assert apply == "-" if k == "1" else " / " in apply  # K=1 runs forward callers only
