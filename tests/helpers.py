@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,8 @@ from reference import (
 
 import embstore
 from embstore import _core
+
+T = TypeVar("T")
 
 COUNTERS = ("hits", "misses", "inserts", "evictions", "erased", "admitted", "rejected")
 UNIFORM = UniformSpec(low=-0.5, high=0.5, seed=7)
@@ -230,12 +232,22 @@ def random_op(
 
 
 @contextlib.contextmanager
-def kernels_at(level: str) -> Iterator[None]:
-    """Runs the block on embstore's ``level`` kernels ("baseline" or "avx2"), then restores
-    the level in use before (also when the block raises)."""
-    before = _core.simd_level()
-    _core.set_simd_level(level)
+def core_setting(get: Callable[[], T], put: Callable[[T], None], value: T) -> Iterator[None]:
+    """Runs the block with a process-wide core setting (read by ``get``, written by ``put``)
+    at ``value``, then restores the value in use before (also when the block raises)."""
+    before = get()
+    put(value)
     try:
         yield
     finally:
-        _core.set_simd_level(before)
+        put(before)
+
+
+def kernels_at(level: str) -> contextlib.AbstractContextManager[None]:
+    """Runs the block on embstore's ``level`` kernels ("baseline" or "avx2")."""
+    return core_setting(_core.simd_level, _core.set_simd_level, level)
+
+
+def pool_spin(us: int) -> contextlib.AbstractContextManager[None]:
+    """Runs the block with the worker pool's waits polling for ``us`` microseconds."""
+    return core_setting(_core.pool_spin_us, _core.set_pool_spin_us, us)

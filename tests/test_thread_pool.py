@@ -14,12 +14,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from helpers import Config, random_offsets, u64
+from helpers import Config, pool_spin, random_offsets, u64
 from reference import AdagradSpec, NormalSpec
 
 import embstore
@@ -27,16 +25,6 @@ from embstore import _core
 
 DEFAULT_SPIN_US = 200
 MAX_SPIN_US = 100_000
-
-
-@contextmanager
-def pool_spin(us: int) -> Iterator[None]:
-    before = _core.pool_spin_us()
-    _core.set_pool_spin_us(us)
-    try:
-        yield
-    finally:
-        _core.set_pool_spin_us(before)
 
 
 def _train(spin_us: int, pause_s: float) -> list[np.ndarray]:
