@@ -34,6 +34,7 @@ constexpr size_t kBagsPerPoolTask = 256;  // locked path's pooling task: ~32-256
 // 10-20% slower on the W1 forward once the read kernel's per-id work shrank: 6 A/B rounds.)
 constexpr uint32_t kSlotAhead = 16;
 constexpr uint32_t kRowAhead = 8;
+constexpr size_t kIdsPerNoteAll = 8;  // see read_bags_impl
 constexpr uint32_t kRing = 32;  // > kRowAhead: probed ids awaiting their read
 // A shard's ids are scattered over its request (every 64th id on average), so the key, place
 // and bag of each is a cache line of its own: the locked kernels prefetch them this far
@@ -390,6 +391,14 @@ struct BatchRunner {
       touched_->push_back(static_cast<uint32_t>(s));
       return true;
     }
+    // Notes every shard's version at once (false if a writer is inside one): then no probe
+    // needs note().
+    bool note_all(size_t num_shards) noexcept {
+      for (size_t s = 0; s < num_shards; ++s) {
+        if (!note(s)) return false;
+      }
+      return true;
+    }
     // note(s), and the version noted is `expected` (rows recorded at that version are read).
     bool note_at(size_t s, uint64_t expected) noexcept { return note(s) && seen_[s] == expected; }
     bool valid() const noexcept {
@@ -490,6 +499,13 @@ struct BatchRunner {
     const auto [lo, hi] = start_task(r, bag_lo, bag_hi, task);
     const float* zeros = zero_row(dim);
     ShardVersions versions(t);
+    // A task with 8 or more ids per shard notes every shard's version up front, which spares
+    // its probes a version load and check each (W1 D=32 L=8 forward 0.93-0.94x).
+    const bool all_noted = t.num_shards() * kIdsPerNoteAll <= hi - lo;
+    if (all_noted && !versions.note_all(t.num_shards())) {
+      task.raced = true;  // a writer is inside a shard: the careful kernel redoes the task
+      return;
+    }
     uint64_t hashes[kRing];  // id j's hash at j % kRing, from its slot prefetch
     const float* rows[kRing];  // id j's row (zeros if absent) at j % kRing, from its probe
     const Table::ShardView* views = t.views_.data();
@@ -502,7 +518,7 @@ struct BatchRunner {
     const auto probe = [&](size_t j) -> bool {
       const uint64_t hash = hashes[j % kRing];
       const size_t s = t.shard_of(hash);
-      if (!versions.note(s)) return false;
+      if (!all_noted && !versions.note(s)) return false;
       const Table::ShardView& view = views[s];
       const uint32_t row = view.index.find_optimistic(r.keys[j], hash);
       if (row == kRetry) return false;
