@@ -1011,7 +1011,10 @@ struct BatchRunner {
       pin_in_meta = false;
     }
     uint64_t reused = 0;
-    const Shard::WriteScope writing(sh);
+    // Pass 1 changes nothing a lock-free reader sees (it reads the index and rows; pins live
+    // in the metadata), so the shard's version turns odd only when pass 2 or the update
+    // begins: readers racing this apply fall back to their careful kernel for half as long.
+    std::optional<Shard::WriteScope> writing;
     const bool cow = t.snapshot_join(sh);  // checkpoint in progress: preserve before writing
     struct Unpin {  // runs on success and on CapacityError alike
       Shard& sh;
@@ -1076,6 +1079,7 @@ struct BatchRunner {
     }
     while (done < resolved) finish(done++);
     ShardCounters::add(sh.counters.reused, reused);
+    writing.emplace(sh);
     if (num_missing != 0 && !pin_in_meta) {  // inserts come: pin the rows summed so far
       for (uint32_t k = 0; k < num_unique; ++k) sh.meta(unique[k]).aux = k;
       pin_in_meta = true;
