@@ -362,10 +362,11 @@ struct BatchRunner {
   };
 
   // Seqlock validation for one read task, deferred to its end: each shard's version is noted
-  // at the task's first probe of that shard; a later probe that sees another version, or an
-  // odd one, fails at once, and `valid()` checks that no version moved since. Every read of a
-  // shard lies between a probe that saw version v and the final check that still sees v, so
-  // no writer overlapped any of them. (One check per id at the probe, none per copy.)
+  // at the task's first probe of that shard (or every shard's at the task's start: note_all);
+  // a later probe that sees another version, or an odd one, fails at once, and `valid()`
+  // checks that no version moved since. Every read of a shard lies between a note that saw
+  // version v and the final check that still sees v, so no writer overlapped any of them.
+  // (At most one check per id, at the probe; none per copy.)
   class ShardVersions {
    public:
     explicit ShardVersions(const Table& t) : t_(t) {
