@@ -1910,7 +1910,8 @@ void apply_gradients_many(std::vector<ApplyRequest>& requests, Timer op) {
   std::vector<float> lrs(R);  // one learning rate per call, even if set_lr runs meanwhile
   for (size_t k = 0; k < R; ++k) lrs[k] = requests[k].table->lr();
   clock.lap(Timer::kStageValidate);
-  // 2. Group by shard; map each id to its bag (the gradient sums live in per-thread scratch: apply_scratch).
+  // 2. Group by shard; map each id to its bag. (The gradient sums live in per-thread
+  //    scratch: apply_scratch.)
   pool.run(R, workers, [&](size_t k) {
     const ApplyRequest& r = requests[k];
     Workspace& ws = *spaces[k];
