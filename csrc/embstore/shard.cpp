@@ -119,9 +119,9 @@ uint32_t Shard::clock_victim(uint64_t max_steps) noexcept {
   for (uint64_t step = 0; step < sweep; ++step) {
     if (step == max_steps) return kRetry;
     const uint32_t row = hand_;
-    hand_ = hand_ + 1 == used_ ? 0 : hand_ + 1;
+    hand_ = ring_next(row);
     ++sweep_steps_;
-    if (!occupied(row) || meta(row).aux != kNoRow) continue;  // free or pinned
+    if (!evictable(row)) continue;  // free or pinned
     if (first_evictable == kNoRow) first_evictable = row;
     if (referenced(row)) {
       unreference(row);
@@ -129,15 +129,15 @@ uint32_t Shard::clock_victim(uint64_t max_steps) noexcept {
     }
     return row;
   }
-  if (first_evictable != kNoRow) hand_ = first_evictable + 1 == used_ ? 0 : first_evictable + 1;
+  if (first_evictable != kNoRow) hand_ = ring_next(first_evictable);
   return first_evictable;
 }
 
 uint32_t Shard::likely_victim(uint32_t limit) const noexcept {
   uint32_t row = hand_;
   for (uint32_t step = 0; step < limit && step < used_; ++step) {
-    if (occupied(row) && meta(row).aux == kNoRow && !referenced(row)) return row;
-    row = row + 1 == used_ ? 0 : row + 1;
+    if (evictable(row) && !referenced(row)) return row;
+    row = ring_next(row);
   }
   return kNoRow;
 }

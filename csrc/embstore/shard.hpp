@@ -391,6 +391,12 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
     return pos;
   }
   void unreference(uint32_t row) noexcept { ref_bits_.clear(row); }
+  // CLOCK's rules, shared by clock_victim and likely_victim: the row after `row` in the ring
+  // of claimed rows, and whether a row may be evicted at all (occupied and not pinned).
+  uint32_t ring_next(uint32_t row) const noexcept { return row + 1 == used_ ? 0 : row + 1; }
+  bool evictable(uint32_t row) const noexcept {
+    return occupied(row) && meta(row).aux == kNoRow;
+  }
   void erase_slot(uint32_t pos) noexcept;                          // backward-shift deletion
   void release_row(uint32_t row);  // after unlinking: clear bits, push free list
   // Logs the id of `row`, about to be removed, when a checkpoint (or the snapshot being

@@ -410,8 +410,8 @@ struct BatchRunner {
     }
     // Notes every shard's version at once (false if a writer is inside one): then no probe
     // needs note().
-    bool note_all(size_t num_shards) noexcept {
-      for (size_t s = 0; s < num_shards; ++s) {
+    bool note_all() noexcept {
+      for (size_t s = 0; s < t_.num_shards(); ++s) {
         if (!note(s)) return false;
       }
       return true;
@@ -519,7 +519,7 @@ struct BatchRunner {
     // A task with 8 or more ids per shard notes every shard's version up front, which spares
     // its probes a version load and check each (W1 D=32 L=8 forward 0.93-0.94x).
     const bool all_noted = t.num_shards() * kIdsPerNoteAll <= hi - lo;
-    if (all_noted && !versions.note_all(t.num_shards())) {
+    if (all_noted && !versions.note_all()) {
       task.raced = true;  // a writer is inside a shard: the careful kernel redoes the task
       return;
     }
