@@ -203,6 +203,8 @@ class Table {
   friend struct BatchRunner;
   friend struct ForkGuard;
   friend class Snapshot;
+  // Tests only (tests/cpp): reaches a shard to play a writer caught mid-change.
+  friend struct TableTestAccess;
 
   // Under shard `sh`'s lock, once per critical section that may change rows: joins a
   // snapshot that began since the shard last joined one. Returns whether writes to the shard
