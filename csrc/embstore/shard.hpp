@@ -158,21 +158,29 @@ struct IndexView {
   uint32_t home(uint64_t hash) const noexcept { return fast_range32(hash, num_slots); }
   uint32_t next(uint32_t pos) const noexcept { return pos + 1 == num_slots ? 0 : pos + 1; }
   // Prefetches the index slot where a probe for `hash` starts.
-  void prefetch(uint64_t hash) const noexcept { __builtin_prefetch(slots + home(hash)); }
+  void prefetch(uint64_t hash) const noexcept { prefetch_at(home(hash)); }
+  void prefetch_at(uint32_t pos) const noexcept { __builtin_prefetch(slots + pos); }
   // The row of `id`, kNoRow when absent, or kRetry when the index looked inconsistent (it
   // may race with a writer: the caller validates the shard's version afterwards).
-  EMBSTORE_NO_SANITIZE_THREAD uint32_t find_optimistic(uint64_t id, uint64_t hash) const noexcept {
-    uint32_t pos = home(hash);
-    for (uint32_t steps = 0; steps < num_slots; ++steps) {
+  uint32_t find_optimistic(uint64_t id, uint64_t hash) const noexcept {
+    return find_optimistic_at(id, home(hash));
+  }
+  // find_optimistic with the probe's start, home(hash), already known.
+  EMBSTORE_NO_SANITIZE_THREAD uint32_t find_optimistic_at(uint64_t id, uint32_t pos) const noexcept {
+    bool wrapped = false;  // a probe racing writers could otherwise circle forever
+    for (;;) {
       // The row is loaded once (a relaxed atomic: free on x86), so the bounds-checked value
       // is the one returned even if a writer changes the slot meanwhile; a torn id only
       // fails the seqlock check later.
       const uint32_t rp1 = __atomic_load_n(&slots[pos].row_plus1, __ATOMIC_RELAXED);
       if (rp1 == 0) return kNoRow;
       if (slots[pos].id == id) return rp1 - 1 < num_rows ? rp1 - 1 : kRetry;
-      pos = next(pos);
+      if (++pos == num_slots) {  // one compare per step: the wrap is also the bound
+        if (wrapped) return kRetry;
+        wrapped = true;
+        pos = 0;
+      }
     }
-    return kRetry;
   }
 };
 

@@ -436,13 +436,15 @@ struct BatchRunner {
     std::vector<uint32_t>* touched_;  // the shards noted, in first-probe order
   };
 
+  // The first id of bag b of r (without offsets every id is its own bag).
+  static size_t bag_begin(const LookupSumRequest& r, size_t b) noexcept {
+    return r.offsets == nullptr ? b : static_cast<size_t>(r.offsets[b]);
+  }
+
   // Resets `task` to bags [bag_lo, bag_hi) of r and returns their ids [lo, hi).
   static std::pair<size_t, size_t> start_task(const LookupSumRequest& r, size_t bag_lo,
                                               size_t bag_hi, ReadTask& task) noexcept {
-    const auto bag_begin = [&](size_t b) {
-      return r.offsets == nullptr ? b : static_cast<size_t>(r.offsets[b]);
-    };
-    const size_t lo = bag_begin(bag_lo), hi = bag_begin(bag_hi);
+    const size_t lo = bag_begin(r, bag_lo), hi = bag_begin(r, bag_hi);
     task.first_id = lo;
     task.count = hi - lo;
     task.misses = 0;
@@ -491,8 +493,14 @@ struct BatchRunner {
                         std::atomic<bool>& abort, ReadTask& task, uint64_t* places,
                         bool careful) {
     if (careful) return read_bags_careful(t, r, bag_lo, bag_hi, abort, task, places);
+    // A task with 8 or more ids per shard notes every shard's version up front, which spares
+    // its probes a version load and check each (W1 D=32 L=8 forward 0.93-0.94x).
+    const bool all_noted =
+        t.num_shards() * kIdsPerNoteAll <= bag_begin(r, bag_hi) - bag_begin(r, bag_lo);
     by_width(t.dim(), [&](auto width) {
-      read_bags_impl<decltype(width)::value>(t, r, bag_lo, bag_hi, abort, task, places);
+      constexpr size_t kDim = decltype(width)::value;
+      if (all_noted) return read_bags_impl<kDim, true>(t, r, bag_lo, bag_hi, abort, task, places);
+      read_bags_impl<kDim, false>(t, r, bag_lo, bag_hi, abort, task, places);
     });
   }
 
@@ -507,59 +515,70 @@ struct BatchRunner {
   // it with read_bags_careful. An id to insert sets `abort`: the caller then runs the whole
   // request again on the locked path (gather_shard), which inserts in a deterministic
   // order. Each bag is summed by one thread in id order, so results do not depend on thread
-  // count. (Profile, W1 D=32 L=8: this kernel was instruction-bound at ~200 instructions per
-  // id with rows in cache - a push_back, two hashes and a seqlock check per id; now ~150.)
-  template <size_t kDim>
+  // count. (Profile, W1 D=32 L=8: this kernel is instruction-bound with rows in cache. It ran
+  // ~200 instructions per id - a push_back, two hashes and a seqlock check per id - then 138
+  // (callgrind); now 118: each id's shard and home slot are computed once, at its prefetch,
+  // one bounds check per id, one compare per probe step, one branch for kNoRow/kRetry,
+  // version notes chosen at compile time. Forward 0.78-0.84x, in-process A/B.)
+  template <size_t kDim, bool kAllNoted>
   static void read_bags_impl(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
                              std::atomic<bool>& abort, ReadTask& task, uint64_t* places) {
     const size_t dim = kDim != 0 ? kDim : t.dim();
     const auto [lo, hi] = start_task(r, bag_lo, bag_hi, task);
     const float* zeros = zero_row(dim);
     ShardVersions versions(t);
-    // A task with 8 or more ids per shard notes every shard's version up front, which spares
-    // its probes a version load and check each (W1 D=32 L=8 forward 0.93-0.94x).
-    const bool all_noted = t.num_shards() * kIdsPerNoteAll <= hi - lo;
-    if (all_noted && !versions.note_all()) {
+    if (kAllNoted && !versions.note_all()) {
       task.raced = true;  // a writer is inside a shard: the careful kernel redoes the task
       return;
     }
-    uint64_t hashes[kRing];  // id j's hash at j % kRing, from its slot prefetch
+    uint32_t shards[kRing];  // id j's shard at j % kRing, from its slot prefetch
+    uint32_t homes[kRing];   // ... and the index slot its probe starts at
     const float* rows[kRing];  // id j's row (zeros if absent) at j % kRing, from its probe
     const Table::ShardView* views = t.views_.data();
     const size_t stride = t.arena_.stride();
     const auto prefetch_slot = [&](size_t j) {
       const uint64_t hash = mix64(r.keys[j]);
-      hashes[j % kRing] = hash;
-      views[t.shard_of(hash)].index.prefetch(hash);
-    };
-    const auto probe = [&](size_t j) -> bool {
-      const uint64_t hash = hashes[j % kRing];
       const size_t s = t.shard_of(hash);
-      if (!all_noted && !versions.note(s)) return false;
+      const uint32_t home = views[s].index.home(hash);
+      shards[j % kRing] = static_cast<uint32_t>(s);
+      homes[j % kRing] = home;
+      views[s].index.prefetch_at(home);
+    };
+    static_assert(kNoRow > kRetry, "one compare tells a hit from kRetry and kNoRow");
+    const auto probe = [&](size_t j) -> bool {
+      const size_t s = shards[j % kRing];
+      if (!kAllNoted && !versions.note(s)) return false;
       const Table::ShardView& view = views[s];
-      const uint32_t row = view.index.find_optimistic(r.keys[j], hash);
-      if (row == kRetry) return false;
-      if (row == kNoRow && r.insert) {
-        abort.store(true, std::memory_order_relaxed);  // an id to insert: the locked path
-        return false;
-      }
-      if (row != kNoRow) {
-        const float* src = view.rows + row * stride;
-        prefetch_lines(src, dim * sizeof(float));
-        rows[j % kRing] = src;
-        places[j] = RowResolution::place(s, row);
-        if (!r.insert) AtomicBitmap::set(view.reference_words, row);  // see finish_reads
-      } else {
+      const uint32_t row = view.index.find_optimistic_at(r.keys[j], homes[j % kRing]);
+      if (__builtin_expect(row >= kRetry, 0)) {
+        if (row == kRetry) return false;
+        if (r.insert) {
+          abort.store(true, std::memory_order_relaxed);  // an id to insert: the locked path
+          return false;
+        }
         rows[j % kRing] = zeros;
         places[j] = RowResolution::kUnresolved;
         ++task.misses;
+        return true;
       }
+      const float* src = view.rows + row * stride;
+      prefetch_lines(src, dim * sizeof(float));
+      rows[j % kRing] = src;
+      places[j] = RowResolution::place(s, row);
+      if (!r.insert) AtomicBitmap::set(view.reference_words, row);  // see finish_reads
       return true;
     };
-    // Advances the pipeline to id j: returns id j's row, or nullptr to abort.
+    // Advances the pipeline to id j: returns id j's row, or nullptr to abort. Ids below
+    // `steady` have both pipeline partners in the task (one bounds check per id).
+    const size_t steady = hi > kSlotAhead ? hi - kSlotAhead : 0;
+    static_assert(kRowAhead < kSlotAhead, "j < hi - kSlotAhead implies j + kRowAhead < hi");
     const auto row_of = [&](size_t j) -> const float* {
-      if (j + kSlotAhead < hi) prefetch_slot(j + kSlotAhead);
-      if (j + kRowAhead < hi && !probe(j + kRowAhead)) return nullptr;
+      if (j < steady) {
+        prefetch_slot(j + kSlotAhead);
+        if (!probe(j + kRowAhead)) return nullptr;
+      } else if (j + kRowAhead < hi && !probe(j + kRowAhead)) {
+        return nullptr;
+      }
       return rows[j % kRing];
     };
     for (size_t j = lo; j < std::min(hi, lo + kSlotAhead); ++j) prefetch_slot(j);
@@ -656,7 +675,8 @@ struct BatchRunner {
 
   // Sums (or averages) the rows of ids [begin, end) into out, in id order (docs/semantics.md:
   // s = 0; s = s + w_i * row_i; the leading 0 + is not a no-op for -0). Fixed widths of up to
-  // 32 floats sum in a local array the compiler keeps in registers. False if row_of aborted.
+  // 32 floats sum in a local array the compiler keeps in registers. The bag is not empty
+  // (begin < end). False if row_of aborted.
   template <size_t kDim, typename RowOf>
   EMBSTORE_NO_SANITIZE_THREAD static bool pool_bag(float* __restrict out, size_t begin,
                                                    size_t end, const float* weights,
@@ -665,11 +685,23 @@ struct BatchRunner {
     constexpr bool kLocal = kDim != 0 && kDim <= 32;
     float local[kLocal ? kDim : 1];
     float* __restrict acc = kLocal ? local : out;
-    for (size_t j = begin; j < end; ++j) {
-      const float* __restrict src = row_of(j);
-      if (src == nullptr) return false;
-      accumulate_row<kDim>(acc, src, weights != nullptr ? weights + j : nullptr, j == begin,
-                           dim);
+    // The first row and the weights test are hoisted out of the per-id loop.
+    const float* __restrict first = row_of(begin);
+    if (first == nullptr) return false;
+    if (weights == nullptr) {
+      accumulate_row<kDim>(acc, first, nullptr, true, dim);
+      for (size_t j = begin + 1; j < end; ++j) {
+        const float* __restrict src = row_of(j);
+        if (src == nullptr) return false;
+        accumulate_row<kDim>(acc, src, nullptr, false, dim);
+      }
+    } else {
+      accumulate_row<kDim>(acc, first, weights + begin, true, dim);
+      for (size_t j = begin + 1; j < end; ++j) {
+        const float* __restrict src = row_of(j);
+        if (src == nullptr) return false;
+        accumulate_row<kDim>(acc, src, weights + j, false, dim);
+      }
     }
     if (mode == PoolMode::kMean) {
       const float count = static_cast<float>(end - begin);

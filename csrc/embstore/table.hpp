@@ -229,8 +229,10 @@ class Table {
   // fork() child: forgets a snapshot a thread of the parent was writing.
   void reset_snapshot_after_fork();
 
+  // The hash's top log2(num_shards) bits; branch-free (two shifts: one shard's shift of 64
+  // would be undefined as one shift, and the read kernel computes this for every id).
   size_t shard_of(uint64_t hash) const noexcept {
-    return shard_shift_ == 64 ? 0 : static_cast<size_t>(hash >> shard_shift_);
+    return static_cast<size_t>((hash >> 1) >> (shard_shift_ - 1));
   }
   float* row_ptr(const Shard& s, uint32_t local_row) noexcept {
     return arena_.row(static_cast<size_t>(s.first_row()) + local_row);
