@@ -966,24 +966,19 @@ struct BatchRunner {
   // Ids resolve by probing the index, or from the training lookup's resolution when the
   // call took one (ws.resolution) and the recorded row still holds the id.
   // Note: pass 1 overwrites this shard's part of ws.order with the missing ids.
+  // Specialised by width like the read kernel: the gradient sums and the optimizer's row
+  // update then run fixed-length loops.
   static void apply_shard(Table& t, size_t s, const ApplyRequest& r, float lr, Workspace& ws) {
-#if EMBSTORE_HAS_AVX2_KERNELS
-    if (simd_level() == SimdLevel::kAvx2) return apply_shard_avx2(t, s, r, lr, ws);
-#endif
-    apply_shard_kernel(t, s, r, lr, ws);
+    by_width(t.dim(), [&](auto width) {
+      apply_shard_kernel<decltype(width)::value>(t, s, r, lr, ws);
+    });
   }
-#if EMBSTORE_HAS_AVX2_KERNELS
-  EMBSTORE_KERNEL_TARGET_AVX2 static void apply_shard_avx2(Table& t, size_t s,
-                                                           const ApplyRequest& r, float lr,
-                                                           Workspace& ws) {
-    apply_shard_kernel(t, s, r, lr, ws);
-  }
-#endif
+  template <size_t kDim>
   static inline void apply_shard_kernel(Table& t, size_t s, const ApplyRequest& r, float lr,
                                         Workspace& ws) {
     const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
     if (b == e) return;
-    const size_t dim = t.dim();
+    const size_t dim = kDim != 0 ? kDim : t.dim();
     Shard& sh = *t.shards_[s];
     const ApplyScratch scratch = apply_scratch(e - b, dim);
     float* acc_base = scratch.acc;
