@@ -150,17 +150,30 @@ size_t validate_offsets(const int64_t* offsets, size_t num_bags, size_t n,
 }
 
 // Whether every float is finite: an exponent of all ones is Inf or NaN. Integer bit tests,
-// OR-reduced without an early exit, so the loop vectorises (the per-element isfinite loop
-// with a throw in it did not, and cost ~10% of a one-hot W1 step).
-bool all_finite(const float* x, size_t count) noexcept {
+// reduced without an early exit, so the loop vectorises (the per-element isfinite loop with a
+// throw in it did not, and cost ~10% of a one-hot W1 step). The exponent bits are
+// max-reduced (two vector operations per 8 floats with AVX2; callgrind, W1 D=32 L=8: the
+// gradients' check fell from 2.0 to 0.6 instructions per float).
+inline bool all_finite_kernel(const float* x, size_t count) noexcept {
   constexpr uint32_t kExponent = 0x7F800000u;
-  uint32_t bad = 0;
+  uint32_t top = 0;  // the largest exponent field seen; kExponent only for Inf or NaN
   for (size_t k = 0; k < count; ++k) {
     uint32_t bits;
     std::memcpy(&bits, x + k, sizeof(bits));
-    bad |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+    top = std::max(top, bits & kExponent);
   }
-  return bad == 0;
+  return top != kExponent;
+}
+#if EMBSTORE_HAS_AVX2_KERNELS
+EMBSTORE_KERNEL_TARGET_AVX2 bool all_finite_avx2(const float* x, size_t count) noexcept {
+  return all_finite_kernel(x, count);
+}
+#endif
+bool all_finite(const float* x, size_t count) noexcept {
+#if EMBSTORE_HAS_AVX2_KERNELS
+  if (simd_level() == SimdLevel::kAvx2) return all_finite_avx2(x, count);
+#endif
+  return all_finite_kernel(x, count);
 }
 
 void validate_finite(const float* x, size_t count, const char* name, const std::string& label) {
