@@ -1014,12 +1014,19 @@ struct BatchRunner {
     uint32_t ring[kRing];
     uint32_t pending[kRing];
     uint32_t resolved = 0, done = 0;
-    auto accumulate = [&](uint32_t i, uint32_t row) {
+    // `fast` (std::true_type): the lookup's places are exact (slot_of in use, no metadata
+    // pins) and the gradients are plain pooled sums (offsets, no weights, mode sum): W1's
+    // training step, with those tests hoisted out of the per-id path (callgrind: the apply's
+    // instructions per id -14%; backward 0.92-0.98x, in-process A/B).
+    auto accumulate = [&](uint32_t i, uint32_t row, auto fast) {
+      constexpr bool kFast = decltype(fast)::value;
       // This occurrence's gradient: g = c * grads[bag] (pooled) or grads[i].
       const float* __restrict g;
       float c = 1.0f;
       bool scaled = false;
-      if (r.offsets == nullptr) {
+      if constexpr (kFast) {
+        g = r.grads + static_cast<size_t>(ws.bag_of[i]) * dim;
+      } else if (r.offsets == nullptr) {
         g = r.grads + static_cast<size_t>(i) * dim;
       } else {
         const uint32_t bag = ws.bag_of[i];
@@ -1033,32 +1040,34 @@ struct BatchRunner {
           scaled = true;
         }
       }
-      uint32_t& slot = slot_of != nullptr ? slot_of[row] : sh.meta(row).aux;
+      uint32_t& slot = kFast || slot_of != nullptr ? slot_of[row] : sh.meta(row).aux;
       float* __restrict acc;
       if (slot == kNoRow) {  // first occurrence: acc = 0 + g
         slot = num_unique;
-        if (pin_in_meta) sh.meta(row).aux = num_unique;
+        if (!kFast && pin_in_meta) sh.meta(row).aux = num_unique;
         unique[num_unique] = row;
         acc = acc_base + static_cast<size_t>(num_unique) * dim;
         // The update pass prefetches rows kRowAhead ahead, so its first ones would arrive late
         // (a shard holds ~32 ids of a one-hot W1 batch): fetch them now (L=1 backward 0.90x).
         if (num_unique < kRowAhead) prefetch_lines<1>(t.row_ptr(sh, row), row_bytes);
         ++num_unique;
-        if (scaled) {
+        if (!kFast && scaled) {
           for (size_t k = 0; k < dim; ++k) acc[k] = 0.0f + c * g[k];
         } else {
           for (size_t k = 0; k < dim; ++k) acc[k] = 0.0f + g[k];
         }
       } else {
         acc = acc_base + static_cast<size_t>(slot) * dim;
-        if (scaled) {
+        if (!kFast && scaled) {
           for (size_t k = 0; k < dim; ++k) acc[k] = acc[k] + c * g[k];
         } else {
           for (size_t k = 0; k < dim; ++k) acc[k] = acc[k] + g[k];
         }
       }
     };
-    auto finish = [&](uint32_t q) { accumulate(pending[q % kRing], ring[q % kRing]); };
+    auto finish = [&](uint32_t q, auto fast) {
+      accumulate(pending[q % kRing], ring[q % kRing], fast);
+    };
     const auto lock = sh.lock();
     const uint64_t* places = ws.resolution.valid ? ws.resolution.places.data() : nullptr;
     const bool exact = places != nullptr && ws.resolution.exact(s, sh.version_locked());
@@ -1093,49 +1102,58 @@ struct BatchRunner {
     uint32_t* missing = ws.order.data() + b;  // reused in place: slots [b, j) are done
     uint32_t num_missing = 0;
     const uint32_t* bags = r.offsets != nullptr ? ws.bag_of.data() : nullptr;
-    for (uint32_t j = b; j < e; ++j) {
-      const uint32_t i = ws.order[j];
-      prefetch_inputs(ws, j, e, r.keys, places, bags);
-      uint32_t row = kNoRow;
-      if (exact) {
-        const uint64_t place = places[i];
-        if (place != RowResolution::kUnresolved) {
-          row = static_cast<uint32_t>(place);
-          ++reused;
-        }
-      } else if (places != nullptr) {
-        // The lookup's row, if it still holds the id (its metadata line and occupied bit
-        // are prefetched kRowAhead ids ahead; accumulate reads the metadata anyway).
-        if (j + kRowAhead < e) {
-          const uint64_t ahead = places[ws.order[j + kRowAhead]];
-          if (ahead != RowResolution::kUnresolved) {
-            __builtin_prefetch(&sh.meta(static_cast<uint32_t>(ahead)));
-            sh.prefetch_occupied(static_cast<uint32_t>(ahead));
-          }
-        }
-        const uint64_t place = places[i];
-        if (place != RowResolution::kUnresolved) {
-          const uint32_t recorded = static_cast<uint32_t>(place);
-          if (sh.occupied(recorded) && sh.meta(recorded).id == r.keys[i]) {
-            row = recorded;
+    const auto pass1 = [&](auto fast) {
+      constexpr bool kFast = decltype(fast)::value;
+      for (uint32_t j = b; j < e; ++j) {
+        const uint32_t i = ws.order[j];
+        prefetch_inputs(ws, j, e, r.keys, places, bags);
+        uint32_t row = kNoRow;
+        if (kFast || exact) {
+          const uint64_t place = places[i];
+          if (place != RowResolution::kUnresolved) {
+            row = static_cast<uint32_t>(place);
             ++reused;
           }
+        } else if (places != nullptr) {
+          // The lookup's row, if it still holds the id (its metadata line and occupied bit
+          // are prefetched kRowAhead ids ahead; accumulate reads the metadata anyway).
+          if (j + kRowAhead < e) {
+            const uint64_t ahead = places[ws.order[j + kRowAhead]];
+            if (ahead != RowResolution::kUnresolved) {
+              __builtin_prefetch(&sh.meta(static_cast<uint32_t>(ahead)));
+              sh.prefetch_occupied(static_cast<uint32_t>(ahead));
+            }
+          }
+          const uint64_t place = places[i];
+          if (place != RowResolution::kUnresolved) {
+            const uint32_t recorded = static_cast<uint32_t>(place);
+            if (sh.occupied(recorded) && sh.meta(recorded).id == r.keys[i]) {
+              row = recorded;
+              ++reused;
+            }
+          }
+        } else if (j + kSlotAhead < e) {
+          sh.prefetch(mix64(r.keys[ws.order[j + kSlotAhead]]));
         }
-      } else if (j + kSlotAhead < e) {
-        sh.prefetch(mix64(r.keys[ws.order[j + kSlotAhead]]));
+        if (row == kNoRow) row = sh.find(r.keys[i], mix64(r.keys[i]));
+        if (row == kNoRow) {
+          // order[b + num_missing] is never ahead of order[j]: safe to overwrite.
+          missing[num_missing++] = i;
+          continue;
+        }
+        if (!kFast && !exact) __builtin_prefetch(&sh.meta(row));
+        ring[resolved % kRing] = row;
+        pending[resolved % kRing] = i;
+        if (++resolved - done > kRowAhead) finish(done++, fast);
       }
-      if (row == kNoRow) row = sh.find(r.keys[i], mix64(r.keys[i]));
-      if (row == kNoRow) {
-        // order[b + num_missing] is never ahead of order[j]: safe to overwrite.
-        missing[num_missing++] = i;
-        continue;
-      }
-      if (!exact) __builtin_prefetch(&sh.meta(row));
-      ring[resolved % kRing] = row;
-      pending[resolved % kRing] = i;
-      if (++resolved - done > kRowAhead) finish(done++);
+      while (done < resolved) finish(done++, fast);
+    };
+    const bool plain = r.offsets != nullptr && r.weights == nullptr && r.mode == PoolMode::kSum;
+    if (exact && plain) {
+      pass1(std::true_type{});
+    } else {
+      pass1(std::false_type{});
     }
-    while (done < resolved) finish(done++);
     ShardCounters::add(sh.counters.reused, reused);
     writing.emplace(sh);
     if (num_missing != 0 && !pin_in_meta) {  // inserts come: pin the rows summed so far
@@ -1162,7 +1180,7 @@ struct BatchRunner {
         }
         ++inserts;
       }
-      accumulate(i, row);
+      accumulate(i, row, std::false_type{});
     }
     const OptimizerConfig opt = t.config_.optimizer;
     for (uint32_t k = 0; k < num_unique; ++k) {
