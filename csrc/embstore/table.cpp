@@ -34,7 +34,7 @@ constexpr size_t kBagsPerPoolTask = 256;  // locked path's pooling task: ~32-256
 // 10-20% slower on the W1 forward once the read kernel's per-id work shrank: 6 A/B rounds.)
 constexpr uint32_t kSlotAhead = 16;
 constexpr uint32_t kRowAhead = 8;
-constexpr size_t kIdsPerNoteAll = 8;  // see read_bags_impl
+constexpr size_t kIdsPerNoteAll = 8;  // see read_bags
 constexpr uint32_t kRing = 32;  // > kRowAhead: probed ids awaiting their read
 // A shard's ids are scattered over its request (every 64th id on average), so the key, place
 // and bag of each is a cache line of its own: the locked kernels prefetch them this far
@@ -532,7 +532,8 @@ struct BatchRunner {
   // ~200 instructions per id - a push_back, two hashes and a seqlock check per id - then 138
   // (callgrind); now 118: each id's shard and home slot are computed once, at its prefetch,
   // one bounds check per id, one compare per probe step, one branch for kNoRow/kRetry,
-  // version notes chosen at compile time. Forward 0.78-0.84x, in-process A/B.)
+  // version notes chosen at compile time. Forward 0.83-0.84x the previous kernel's time,
+  // in-process A/B.)
   template <size_t kDim, bool kAllNoted>
   static void read_bags_impl(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
                              std::atomic<bool>& abort, ReadTask& task, uint64_t* places) {
@@ -552,10 +553,11 @@ struct BatchRunner {
     const auto prefetch_slot = [&](size_t j) {
       const uint64_t hash = mix64(r.keys[j]);
       const size_t s = t.shard_of(hash);
-      const uint32_t home = views[s].index.home(hash);
+      const IndexView& index = views[s].index;
+      const uint32_t home = index.home(hash);
       shards[j % kRing] = static_cast<uint32_t>(s);
       homes[j % kRing] = home;
-      views[s].index.prefetch_at(home);
+      index.prefetch_at(home);
     };
     static_assert(kNoRow > kRetry, "one compare tells a hit from kRetry and kNoRow");
     const auto probe = [&](size_t j) -> bool {
