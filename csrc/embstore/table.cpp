@@ -35,7 +35,8 @@ constexpr size_t kBagsPerPoolTask = 256;  // locked path's pooling task: ~32-256
 constexpr uint32_t kSlotAhead = 16;
 constexpr uint32_t kRowAhead = 8;
 constexpr size_t kIdsPerNoteAll = 8;  // see read_bags
-constexpr uint32_t kRing = 32;  // > kRowAhead: probed ids awaiting their read
+constexpr uint32_t kRing = 32;  // > kSlotAhead: ids prefetched or probed, awaiting their read
+static_assert(kSlotAhead < kRing && kRowAhead < kSlotAhead);
 // A shard's ids are scattered over its request (every 64th id on average), so the key, place
 // and bag of each is a cache line of its own: the locked kernels prefetch them this far
 // ahead, before the id is hashed (or its place read) kSlotAhead ids ahead. (W1 backward
@@ -623,13 +624,18 @@ struct BatchRunner {
     const float* zeros = zero_row(dim);
     thread_local std::vector<float> scratch;
     if (scratch.size() < dim) scratch.resize(dim);
-    // id j's row (scratch or zeros), or nullptr for an id to insert.
+    uint64_t hashes[kRing];  // id j's hash at j % kRing, from its slot prefetch
+    const auto prefetch_slot = [&](size_t j) {
+      const uint64_t hash = mix64(r.keys[j]);
+      hashes[j % kRing] = hash;
+      t.shards_[t.shard_of(hash)]->prefetch(hash);
+    };
+    for (size_t j = lo; j < std::min(hi, lo + kSlotAhead); ++j) prefetch_slot(j);
+    // id j's row (scratch or zeros), or nullptr for an id to insert. Called once per id, in
+    // id order (write_bags), so each id is hashed once, at its prefetch.
     const auto validated_row = [&](size_t j) -> const float* {
-      if (j + kSlotAhead < hi) {
-        const uint64_t ahead = mix64(r.keys[j + kSlotAhead]);
-        t.shards_[t.shard_of(ahead)]->prefetch(ahead);
-      }
-      const uint64_t id = r.keys[j], hash = mix64(id);
+      if (j + kSlotAhead < hi) prefetch_slot(j + kSlotAhead);
+      const uint64_t id = r.keys[j], hash = hashes[j % kRing];
       const size_t s = t.shard_of(hash);
       Shard& sh = *t.shards_[s];
       const auto found = [&](uint32_t row) -> const float* {
