@@ -157,9 +157,19 @@ struct IndexView {
 
   uint32_t home(uint64_t hash) const noexcept { return fast_range32(hash, num_slots); }
   uint32_t next(uint32_t pos) const noexcept { return pos + 1 == num_slots ? 0 : pos + 1; }
-  // Prefetches the index slot where a probe for `hash` starts.
+  // Prefetches the line of the index slot where a probe for `hash` starts, and the line
+  // after it: at 1.5 slots per row, 26% of successful probes read past their home slot's
+  // line (the home is in the line's last slots, or the id sits further on), and that line
+  // was then a miss the probe waited for. W1 D=32 forward 0.90-0.98x at L=8 (median 0.93x,
+  // six in-process A/Bs at 2 threads), 0.93x at L=1; W2 forward 0.96x. The next line only
+  // for homes late in their line: 0.93-1.03x. (Past the slot array's end it is a harmless
+  // prefetch of other memory.)
   void prefetch(uint64_t hash) const noexcept { prefetch_at(home(hash)); }
-  void prefetch_at(uint32_t pos) const noexcept { __builtin_prefetch(slots + pos); }
+  void prefetch_at(uint32_t pos) const noexcept {
+    const char* line = reinterpret_cast<const char*>(slots + pos);
+    __builtin_prefetch(line);
+    __builtin_prefetch(line + kCacheLine);
+  }
   // The row of `id`, kNoRow when absent, or kRetry when the index looked inconsistent (it
   // may race with a writer: the caller validates the shard's version afterwards).
   uint32_t find_optimistic(uint64_t id, uint64_t hash) const noexcept {
