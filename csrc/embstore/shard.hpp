@@ -161,7 +161,7 @@ struct IndexView {
   // after it: at 1.5 slots per row, 26% of successful probes read past their home slot's
   // line (the home is in the line's last slots, or the id sits further on), and that line
   // was then a miss the probe waited for. W1 D=32 forward 0.90-0.98x at L=8 (median 0.93x,
-  // six in-process A/Bs at 2 threads), 0.93x at L=1; W2 forward 0.96x. The next line only
+  // nine in-process A/Bs at 2 threads), 0.93x at L=1; W2 forward 0.96x. The next line only
   // for homes late in their line: 0.93-1.03x. (Past the slot array's end it is a harmless
   // prefetch of other memory.)
   void prefetch(uint64_t hash) const noexcept { prefetch_at(home(hash)); }
