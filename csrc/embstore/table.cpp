@@ -34,7 +34,7 @@ constexpr size_t kBagsPerPoolTask = 256;  // locked path's pooling task: ~32-256
 // 10-20% slower on the W1 forward once the read kernel's per-id work shrank: 6 A/B rounds.)
 constexpr uint32_t kSlotAhead = 16;
 constexpr uint32_t kRowAhead = 8;
-constexpr size_t kIdsPerNoteAll = 8;  // see read_bags
+constexpr size_t kIdsPerNoteAll = 8;  // see notes_all_up_front
 constexpr uint32_t kRing = 32;  // > kSlotAhead: ids prefetched or probed, awaiting their read
 static_assert(kSlotAhead < kRing && kRowAhead < kSlotAhead);
 // Rows whose places are already known (pool_places: no slot to wait for) are prefetched
@@ -436,6 +436,14 @@ struct BatchRunner {
     }
     // note(s), and the version noted is `expected` (rows recorded at that version are read).
     bool note_at(size_t s, uint64_t expected) noexcept { return note(s) && seen_[s] == expected; }
+    // note_at(s, pass[s]) for every shard a locked pass left in place (pass[s] a version, not
+    // kCopiedShard; see gather_shard): then no read needs note_at().
+    bool note_all_at(const uint64_t* pass) noexcept {
+      for (size_t s = 0; s < t_.num_shards(); ++s) {
+        if (pass[s] != kCopiedShard && !note_at(s, pass[s])) return false;
+      }
+      return true;
+    }
     bool valid() const noexcept {
       for (const uint32_t s : *touched_) {
         if (!t_.shards_[s]->read_valid(seen_[s])) return false;
@@ -457,6 +465,14 @@ struct BatchRunner {
   // The first id of bag b of r (without offsets every id is its own bag).
   static size_t bag_begin(const LookupSumRequest& r, size_t b) noexcept {
     return r.offsets == nullptr ? b : static_cast<size_t>(r.offsets[b]);
+  }
+
+  // Whether a task over bags [bag_lo, bag_hi) of r notes every shard's version up front
+  // (ShardVersions::note_all, note_all_at): with 8 or more ids per shard, that spares each
+  // id a version load and check (W1 D=32 L=8 forward 0.93-0.94x; W2's pooling 0.98x).
+  static bool notes_all_up_front(const Table& t, const LookupSumRequest& r, size_t bag_lo,
+                                 size_t bag_hi) noexcept {
+    return t.num_shards() * kIdsPerNoteAll <= bag_begin(r, bag_hi) - bag_begin(r, bag_lo);
   }
 
   // Resets `task` to bags [bag_lo, bag_hi) of r and returns their ids [lo, hi).
@@ -511,10 +527,7 @@ struct BatchRunner {
                         std::atomic<bool>& abort, ReadTask& task, uint64_t* places,
                         bool careful) {
     if (careful) return read_bags_careful(t, r, bag_lo, bag_hi, abort, task, places);
-    // A task with 8 or more ids per shard notes every shard's version up front, which spares
-    // its probes a version load and check each (W1 D=32 L=8 forward 0.93-0.94x).
-    const bool all_noted =
-        t.num_shards() * kIdsPerNoteAll <= bag_begin(r, bag_hi) - bag_begin(r, bag_lo);
+    const bool all_noted = notes_all_up_front(t, r, bag_lo, bag_hi);
     by_width(t.dim(), [&](auto width) {
       constexpr size_t kDim = decltype(width)::value;
       if (all_noted) return read_bags_impl<kDim, true>(t, r, bag_lo, bag_hi, abort, task, places);
@@ -710,7 +723,8 @@ struct BatchRunner {
     constexpr bool kLocal = kDim != 0 && kDim <= 32;
     float local[kLocal ? kDim : 1];
     float* __restrict acc = kLocal ? local : out;
-    // The first row and the weights test are hoisted out of the per-id loop.
+    // The first row and the weights test are hoisted out of the per-id loop. (Two loops on
+    // purpose: folding them into one generic lambda cost ~2 instructions per id, callgrind.)
     const float* __restrict first = row_of(begin);
     if (first == nullptr) return false;
     if (weights == nullptr) {
@@ -902,13 +916,10 @@ struct BatchRunner {
   // `places` (see gather_shard's `pass`), reading rows of copied shards from `copies`. Reads
   // without the lock, validated against the pass's versions: false if a writer came since
   // (the caller then redoes the request).
-  // A task with 8 or more ids per shard checks every shard's version against the pass's
-  // up front, as read_bags does, instead of at each id (W2 forward 0.98x).
   static bool pool_places(Table& t, const LookupSumRequest& r, const uint64_t* places,
                           const uint64_t* pass, const float* copies, size_t bag_lo,
                           size_t bag_hi) {
-    const bool all_noted =
-        t.num_shards() * kIdsPerNoteAll <= bag_begin(r, bag_hi) - bag_begin(r, bag_lo);
+    const bool all_noted = notes_all_up_front(t, r, bag_lo, bag_hi);
     return by_width(t.dim(), [&](auto width) {
       constexpr size_t kDim = decltype(width)::value;
       if (all_noted) {
@@ -928,9 +939,7 @@ struct BatchRunner {
     const size_t lo = static_cast<size_t>(r.offsets[bag_lo]);
     const size_t hi = static_cast<size_t>(r.offsets[bag_hi]);
     ShardVersions versions(t);
-    for (size_t s = 0; kAllNoted && s < t.num_shards(); ++s) {
-      if (pass[s] != kCopiedShard && !versions.note_at(s, pass[s])) return false;
-    }
+    if (kAllNoted && !versions.note_all_at(pass)) return false;
     // Id j's row, or nullptr if its shard changed since the pass.
     const auto row_at = [&](size_t j) -> const float* {
       const uint64_t place = places[j];
