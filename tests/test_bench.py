@@ -257,6 +257,7 @@ def tiny_report() -> dict[str, Any]:
         threads=(1, 2),
         batches=2,
         warmup=1,
+        passes=2,
         peers=("embstore", "numpy", "nosuchpeer"),
         progress=False,
         floor_array_mib=8,
@@ -275,6 +276,29 @@ def test_tiny_run_report_has_summary_targets_and_floor(tiny_report: dict[str, An
     es = [r for r in tiny_report["results"] if r["peer"] == "embstore"]
     assert len(es) == 4 and all(r["floor_ms"] > 0 and r["floor_ratio"] > 0 for r in es)
     assert all(r["floor_ratio"] is None for r in tiny_report["results"] if r["peer"] != "embstore")
+
+
+def test_passes_pool_every_pass_and_rotate_the_peer_order(tiny_report: dict[str, Any]) -> None:
+    from embstore.bench import format_report
+    from embstore.bench.peers import PEERS
+    from embstore.bench.runner import _rotated
+
+    for r in tiny_report["results"]:  # 2 passes x 2 timed batches, a median per pass
+        assert r["timed_batches"] == 4 and len(r["forward_ms_all"]) == 4
+        assert len(r["pass_step_ms"]) == 2 and all(x > 0 for x in r["pass_step_ms"])
+    # Verified once per (peer, D, L, threads), not once per pass.
+    assert len(tiny_report["verification"]) == 2 * 2 + 2
+    text = format_report(tiny_report)
+    assert "2 passes (every peer's tables built afresh in each" in text
+    assert "- step ms per pass, D=8 L=2 threads=1: embstore " in text
+    a, b, c = PEERS["embstore"], PEERS["numpy"], PEERS["pandas"]
+    assert [_rotated([a, b, c], p) for p in range(4)] == [
+        [a, b, c],
+        [b, c, a],
+        [c, a, b],
+        [a, b, c],
+    ]
+    assert _rotated([], 3) == []
 
 
 def test_report_from_json_prints_the_same(tiny_report: dict[str, Any], tmp_path: Any) -> None:

@@ -53,7 +53,7 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
         "--full",
         action="store_true",
         help="canonical W1 sizes (T=8, U=1,000,000, B=2048, D=32, L=1,8, "
-        "threads 1,2, 20 timed batches); other flags override",
+        "threads 1,2, 20 timed batches, 3 passes); other flags override",
     )
     p.add_argument("--tables", type=_positive_int, metavar="T", help="tables (default 8)")
     p.add_argument(
@@ -84,6 +84,13 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
         type=int,
         metavar="N",
         help=f"untimed steps before timing (default {quick.warmup})",
+    )
+    p.add_argument(
+        "--passes",
+        type=_positive_int,
+        metavar="N",
+        help="build and time every peer N times, pooling the batches of all passes "
+        f"(default {quick.passes}, --full {full.passes}; peer order rotates each pass)",
     )
     p.add_argument(
         "--peers",
@@ -139,6 +146,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "threads": args.threads,
         "batches": args.batches,
         "warmup": args.warmup,
+        "passes": args.passes,
         "peers": args.peers,
         "seed": args.seed,
         "json_path": args.json,

@@ -42,6 +42,8 @@ class ResultRow:
     floor_ms: float | None = None
     #: embstore rows: step / floor.
     floor_ratio: float | None = None
+    #: Median step (ms) of each pass, in pass order (the run's ``passes``).
+    pass_step_ms: list[float] = field(default_factory=list)
 
 
 def median_ms(xs: Sequence[float]) -> float:
@@ -201,6 +203,32 @@ def format_floor(floor: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def _passes_text(cfg: dict[str, Any]) -> str:
+    passes = int(cfg.get("passes", 1))
+    if passes <= 1:
+        return ""
+    return f"{passes} passes (every peer's tables built afresh in each, peer order rotated) x "
+
+
+def format_passes(results: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per case: each peer's step median in each pass (runs of 2+ passes)."""
+    if not results:
+        return []
+    lowest = min(r["threads"] for r in results)
+    cases: dict[tuple[int, int, int], list[str]] = {}
+    for r in results:
+        per = r.get("pass_step_ms") or []
+        if len(per) < 2 or (r["measured_threads"] is None and r["threads"] != lowest):
+            continue  # a single-threaded peer is listed once per (D, L)
+        cases.setdefault((r["dim"], r["pooling"], r["threads"]), []).append(
+            f"{r['peer']} {', '.join(_fmt(x) for x in per)}"
+        )
+    return [
+        f"- step ms per pass, D={dim} L={lp} threads={threads}: {'; '.join(parts)}"
+        for (dim, lp, threads), parts in cases.items()
+    ]
+
+
 def format_report(report: dict[str, Any]) -> str:
     """Header, summary, targets, result table, floor, memory and verification lines."""
     env, cfg = report["environment"], report["config"]
@@ -225,8 +253,8 @@ def format_report(report: dict[str, Any]) -> str:
             f"{ZIPF_ALPHA}, Adagrad lr {LR} eps {EPS}, seed {cfg['seed']}"
         ),
         (
-            f"- medians over {cfg['batches']} timed batches after {cfg['warmup']} untimed "
-            "warm-up batch(es); step = forward + backward of the same batch; ratios are "
+            f"- medians over {_passes_text(cfg)}{cfg['batches']} timed batches after "
+            f"{cfg['warmup']} untimed warm-up batch(es); step = forward + backward of the same batch; ratios are "
             "peer / embstore (> 1: embstore is faster); others = cores used by other "
             "processes while the row was timed (rows above ~0.2 are unreliable)"
         ),
@@ -288,6 +316,7 @@ def format_report(report: dict[str, Any]) -> str:
             )
     for name, why in report["skipped"].items():
         out.append(f"- {name}: {why}")
+    out += format_passes(report["results"])
     out += format_floor(report.get("floor"))
     for m in report["memory"]:
         if "error" in m:

@@ -36,10 +36,21 @@ class Timing:
     #: Cores other processes used, on average, while the batches were timed.
     others_cores: float | None = None
 
+    #: Median step (ms) of each pass's batches, in pass order.
+    pass_step_ms: list[float] = field(default_factory=list)
+
     @property
     def step(self) -> list[float]:
         """Forward plus backward of the same batch."""
         return [f + b for f, b in zip(self.forward, self.backward)]
+
+    def add_pass(self, other: Timing) -> None:
+        """Pool another pass's batches into this timing (others: the larger of the two)."""
+        self.forward.extend(other.forward)
+        self.backward.extend(other.backward)
+        self.pass_step_ms.append(median_ms(other.step))
+        seen = [x for x in (self.others_cores, other.others_cores) if x is not None]
+        self.others_cores = max(seen) if seen else None
 
 
 def time_peer(
@@ -95,6 +106,8 @@ class BenchConfig:
     threads: tuple[int, ...] = (1, 2)
     batches: int = 30
     warmup: int = 5
+    #: Times every peer is built and timed afresh; each case's median pools all passes.
+    passes: int = 1
     peers: tuple[str, ...] = ("embstore", "numpy", "torch", "fbgemm", "pandas")
     seed: int = 0
     json_path: str | None = None
@@ -107,8 +120,8 @@ class BenchConfig:
 
     @classmethod
     def full(cls) -> BenchConfig:
-        """WORKLOADS.md W1 at full size: T=8, U=1e6, B=2048, D=32, L 1 and 8."""
-        return cls(universe=1_000_000, batches=20, warmup=5)
+        """WORKLOADS.md W1 at full size: T=8, U=1e6, B=2048, D=32, L 1 and 8, three passes."""
+        return cls(universe=1_000_000, batches=20, warmup=5, passes=3)
 
 
 class _Progress:
@@ -143,6 +156,13 @@ class _Progress:
             self._width = 0
 
 
+def _rotated(plan: Sequence[type[Peer]], pass_no: int) -> list[type[Peer]]:
+    """The peers in the order pass ``pass_no`` runs them: each pass starts one peer later,
+    so no peer is always the one timed first (or last) in a run."""
+    k = pass_no % len(plan) if plan else 0
+    return [*plan[k:], *plan[:k]]
+
+
 def _peer_plan(names: Sequence[str]) -> tuple[list[type[Peer]], dict[str, str]]:
     plan, skipped = [], {}
     for name in names:
@@ -161,10 +181,16 @@ def _peer_plan(names: Sequence[str]) -> tuple[list[type[Peer]], dict[str, str]]:
 def run(cfg: BenchConfig) -> dict[str, Any]:
     """Run the comparison described by ``cfg`` and return the report as a dict.
 
-    Loop order: for each ``D``, each peer and each thread count (once for peers that are
-    not threaded), the peer's tables are built and warmed once; then for each ``L`` the
-    peer is verified on the first batch, warmed up and timed. Only one peer holds its
-    tables at a time.
+    Loop order: for each ``D``, ``cfg.passes`` passes; in each pass, for each peer (the
+    order rotated by one peer per pass) and each thread count (once for peers that are not
+    threaded), the peer's tables are built and warmed; then for each ``L`` the peer is
+    verified on the first batch (first pass only), warmed up and timed. Only one peer holds
+    its tables at a time. A case's medians pool the batches of every pass.
+
+    Why passes: the same build's speed moves with where its tables land in memory. On the
+    2-core VM, eight builds of embstore's W1 tables in one process ran the D=32 L=8 forward
+    at 1.9-3.1 ms (2 threads, steady within each build), while torch's 1-thread forward
+    held at 1.9-2.3 ms; one build per peer made every ratio a draw of that lottery.
     """
     prog = _Progress(cfg.progress)
     settle_allocator()
@@ -210,42 +236,53 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         if rates:
             traffic = [step_traffic(wl.batches[cfg.warmup :], dim) for wl in workloads.values()]
             floor.extend(floor_cases(traffic, rates))
-        for cls in plan:
-            for threads in cfg.threads if cls.threaded else (None,):
-                where = f"{cls.name} D={dim} threads={threads if threads else '-'}"
-                prog.stage(f"{where}: building and warming {cfg.num_tables} tables")
-                peer = cls(threads)
-                try:
-                    t_setup = time.perf_counter()
-                    peer.setup(tables, dim)
-                    info = peer.extra()
-                    rss = resident_bytes()
-                    info.update(
-                        peer=cls.name,
-                        dim=dim,
-                        threads=threads,
-                        setup_s=time.perf_counter() - t_setup,
-                        rss_mib=None if rss is None else rss / 2**20,
-                    )
-                    extras.append(info)
-                    for lp, wl in workloads.items():
-                        prog.stage(f"{where} L={lp}: verifying")
-                        peer.prepare(wl.batches, wl.grads)
-                        if isinstance(peer, EmbstorePeer):
-                            res = verify_embstore(peer, wl, wl.batches[0], threads)
-                        else:
-                            res = verify_peer(peer, wl.batches[0], wl.grads)
-                        verification.append(
-                            {"peer": cls.name, "dim": dim, "pooling": lp, "threads": threads, **res}
-                        )
-                        prog.stage(f"{where} L={lp}: timing")
-                        measured[(cls.name, dim, lp, threads)] = time_peer(
-                            peer, wl, cfg.warmup, prog.update
-                        )
-                finally:
-                    peer.close()
-                    del peer
-                    gc.collect()
+        for pass_no in range(cfg.passes):
+            first = pass_no == 0
+            tag = f"pass {pass_no + 1}/{cfg.passes}: " if cfg.passes > 1 else ""
+            for cls in _rotated(plan, pass_no):
+                for threads in cfg.threads if cls.threaded else (None,):
+                    where = f"{tag}{cls.name} D={dim} threads={threads if threads else '-'}"
+                    prog.stage(f"{where}: building and warming {cfg.num_tables} tables")
+                    peer = cls(threads)
+                    try:
+                        t_setup = time.perf_counter()
+                        peer.setup(tables, dim)
+                        if first:
+                            info = peer.extra()
+                            rss = resident_bytes()
+                            info.update(
+                                peer=cls.name,
+                                dim=dim,
+                                threads=threads,
+                                setup_s=time.perf_counter() - t_setup,
+                                rss_mib=None if rss is None else rss / 2**20,
+                            )
+                            extras.append(info)
+                        for lp, wl in workloads.items():
+                            peer.prepare(wl.batches, wl.grads)
+                            if first:
+                                prog.stage(f"{where} L={lp}: verifying")
+                                if isinstance(peer, EmbstorePeer):
+                                    res = verify_embstore(peer, wl, wl.batches[0], threads)
+                                else:
+                                    res = verify_peer(peer, wl.batches[0], wl.grads)
+                                verification.append(
+                                    {
+                                        "peer": cls.name,
+                                        "dim": dim,
+                                        "pooling": lp,
+                                        "threads": threads,
+                                        **res,
+                                    }
+                                )
+                            prog.stage(f"{where} L={lp}: timing")
+                            timing = time_peer(peer, wl, cfg.warmup, prog.update)
+                            key = (cls.name, dim, lp, threads)
+                            measured.setdefault(key, Timing()).add_pass(timing)
+                    finally:
+                        peer.close()
+                        del peer
+                        gc.collect()
         del workloads
     prog.done()
     rows = _result_rows(cfg, plan, measured, floor)
@@ -313,6 +350,7 @@ def _result_rows(
                             backward_ms_all=[x * 1e3 for x in tm.backward],
                             floor_ms=fl,
                             floor_ratio=s / fl if fl and cls.name == "embstore" else None,
+                            pass_step_ms=list(tm.pass_step_ms),
                         )
                     )
     return rows
