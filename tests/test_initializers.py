@@ -81,7 +81,7 @@ GAUSS: list[InitSpec] = [
 ]
 
 
-@pytest.mark.parametrize("dim", [1, 3, 8, 33])
+@pytest.mark.parametrize("dim", [1, 3, 8, 33, 131])
 @pytest.mark.parametrize("init", GAUSS, ids=["normal", "normal_mean", "trunc", "trunc_mean"])
 def test_gaussian_initializers_match_reference(
     init: InitSpec, dim: int, rng: np.random.Generator

@@ -14,8 +14,24 @@ constexpr double kTwoPi = 6.283185307179586476925286766559;
 constexpr double kInv2Pow53 = 1.0 / 9007199254740992.0;  // 2^-53: 53 random mantissa bits
 constexpr uint64_t kAttemptStride = uint64_t{1} << 32;   // TruncatedNormal redraws
 
+// x (< 2^53) as a double, exactly, from integer operations that vectorise: AVX2 has no
+// uint64 -> double conversion, so the scalar one kept the uniforms' loop (splitmix64's
+// 64-bit multiplies included) scalar; with this GCC vectorises it (vpmuludq). The halves
+// are placed in the mantissas of 2^84 and 2^52 (bit patterns, no rounding); subtracting
+// 2^84 + 2^52 leaves hi * 2^32 - 2^52 and adding the low half's 2^52 + lo gives
+// hi * 2^32 + lo: each result is a multiple of its operands' ulp below 2^53, so exact.
+inline double exact_double(uint64_t x) noexcept {
+  constexpr double kTwo84Plus52 = 19342813118337666422669312.0;  // 2^84 + 2^52, exact
+  const uint64_t hi_bits = (x >> 32) | 0x4530000000000000ULL;  // 2^84 + hi * 2^32
+  const uint64_t lo_bits = (x & 0xFFFFFFFFULL) | 0x4330000000000000ULL;  // 2^52 + lo
+  double hi, lo;
+  std::memcpy(&hi, &hi_bits, sizeof hi);
+  std::memcpy(&lo, &lo_bits, sizeof lo);
+  return (hi - kTwo84Plus52) + lo;
+}
+
 inline double unit(uint64_t row_seed, uint64_t j) noexcept {  // uniform in [0, 1)
-  return static_cast<double>(splitmix64(row_seed + j) >> 11) * kInv2Pow53;
+  return exact_double(splitmix64(row_seed + j) >> 11) * kInv2Pow53;
 }
 
 // ln(x) for x in [2^-53, 1] (every u1 of Box-Muller): x = m * 2^k with m in [sqrt(2)/2,
@@ -101,9 +117,10 @@ inline double gaussian(uint64_t row_seed, uint64_t base, size_t j) noexcept {
   return j % 2 == 0 ? even : odd;
 }
 
-// A Normal or TruncatedNormal row, kChunk pairs at a time: the uniforms first (splitmix64's
-// 64-bit multiplies stay scalar), then Box-Muller over the arrays (vectorised), then the
-// rare truncation redraws and the float32 values.
+// A Normal or TruncatedNormal row, kChunk pairs at a time: the uniforms first, then
+// Box-Muller over the arrays, then the float32 values (and, for TruncatedNormal, the rare
+// redraws); each of the three loops vectorises. (A D=32 Normal row: 183 -> 133 ns on one
+// thread; W2 step 0.94-0.95x, in-process A/B against the scalar uniforms and output loop.)
 inline void gaussian_row(const InitializerConfig& init, uint64_t row_seed, float* out,
                          size_t dim) noexcept {
   constexpr size_t kChunk = 32;
@@ -116,6 +133,18 @@ inline void gaussian_row(const InitializerConfig& init, uint64_t row_seed, float
       u2[p] = unit(row_seed, 2 * (p0 + p) + 1);
     }
     for (size_t p = 0; p < count; ++p) gaussian_pair(u1[p], u2[p], even[p], odd[p]);
+    if (init.kind == InitializerKind::kNormal) {
+      // No redraws: a loop over whole pairs that vectorises (the per-element loop below,
+      // with its redraw test, was 20% of a Normal row's time, perf).
+      float* o = out + 2 * p0;
+      const size_t whole = std::min(count, (dim - 2 * p0) / 2);
+      for (size_t p = 0; p < whole; ++p) {
+        o[2 * p] = static_cast<float>(init.a + init.b * even[p]);
+        o[2 * p + 1] = static_cast<float>(init.a + init.b * odd[p]);
+      }
+      if (whole < count) o[2 * whole] = static_cast<float>(init.a + init.b * even[whole]);
+      continue;
+    }
     for (size_t p = 0; p < count; ++p) {
       for (size_t e = 0; e < 2 && 2 * (p0 + p) + e < dim; ++e) {
         const size_t j = 2 * (p0 + p) + e;
