@@ -299,6 +299,24 @@ def test_passes_pool_every_pass_and_rotate_the_peer_order(tiny_report: dict[str,
         [a, b, c],
     ]
     assert _rotated([], 3) == []
+    # The floor's memory rates are measured once per pass, and each kept at its best.
+    assert all(r["measurements"] == 2 for r in tiny_report["floor"]["rates"])
+    assert "best of 2 measurements (one per pass) of 5 on a large array" in text
+
+
+def test_best_rates_keeps_each_rates_highest_measurement() -> None:
+    from embstore.bench.floor import Rates, best_rates
+
+    a = [Rates(1, 30.0, {64: 7.0, 128: 5.0}, {64: 3.0}, 0.1), Rates(2, 40.0, {64: 13.0}, {64: 6.0})]
+    b = [Rates(1, 20.0, {64: 3.0, 128: 8.0}, {64: 4.0}, 0.3)]
+    one, two = best_rates(a, b)
+    assert (one.stream_gb_s, one.gather_gb_s, one.update_gb_s) == (
+        30.0,
+        {64: 7.0, 128: 8.0},
+        {64: 4.0},
+    )
+    assert (one.others_cores, one.measurements) == (0.3, 2)
+    assert two is a[1]  # measured once: kept as it was
 
 
 def test_report_from_json_prints_the_same(tiny_report: dict[str, Any], tmp_path: Any) -> None:

@@ -90,6 +90,34 @@ class Rates:
     update_gb_s: dict[int, float]
     #: Cores other processes used during the measurement (None where unknown).
     others_cores: float | None = None
+    #: Measurements (each a best of 5) these rates are the best of: see :func:`best_rates`.
+    measurements: int = 1
+
+
+def best_rates(a: Sequence[Rates], b: Sequence[Rates]) -> list[Rates]:
+    """Each rate the higher of two measurements at the same thread count (others: the most
+    busy of the two). A machine's rates are what it can do; a measurement taken while the
+    VM's memory was slow (a fresh process's first gigabyte can run at half speed for
+    seconds) would make the floor too easy."""
+    by_threads = {r.threads: r for r in b}
+    out = []
+    for r in a:
+        o = by_threads.get(r.threads)
+        if o is None:
+            out.append(r)
+            continue
+        busy = [x for x in (r.others_cores, o.others_cores) if x is not None]
+        out.append(
+            Rates(
+                r.threads,
+                max(r.stream_gb_s, o.stream_gb_s),
+                {k: max(v, o.gather_gb_s.get(k, 0.0)) for k, v in r.gather_gb_s.items()},
+                {k: max(v, o.update_gb_s.get(k, 0.0)) for k, v in r.update_gb_s.items()},
+                max(busy) if busy else None,
+                r.measurements + o.measurements,
+            )
+        )
+    return out
 
 
 def _run_threads(fns: Sequence[Callable[[], None]]) -> float:

@@ -176,8 +176,10 @@ def format_floor(floor: dict[str, Any] | None) -> list[str]:
     for r in floor["rates"]:
         gather = ", ".join(f"{k} B {v:.2f}" for k, v in r["gather_gb_s"].items())
         update = ", ".join(f"{k} B {v:.2f}" for k, v in r["update_gb_s"].items())
+        times = int(r.get("measurements", 1))
+        best = "best of 5" if times <= 1 else f"best of {times} measurements (one per pass) of 5"
         out.append(
-            f"- memory rates, {r['threads']} thread(s), best of 5 on a large array "
+            f"- memory rates, {r['threads']} thread(s), {best} on a large array "
             f"(other processes used {_fmt(r.get('others_cores'))} cores meanwhile): random "
             f"row gather {gather} GB/s; random row read-modify-write {update} GB/s; copy "
             f"{r['stream_gb_s']:.1f} GB/s (read + written)"
