@@ -32,7 +32,7 @@ from embstore.bench.peer_torch import apply_omp_wait_policy
 from embstore.bench.peers import PEERS, Peer
 from embstore.bench.report import ResultRow, format_table, median_ms
 from embstore.bench.verify import verify_embstore, verify_peer
-from embstore.bench.workload import Workload, make_tables, make_workload
+from embstore.bench.workload import TableData, Workload, make_tables, make_workload
 
 
 @dataclass
@@ -186,6 +186,65 @@ def _peer_plan(names: Sequence[str]) -> tuple[list[type[Peer]], dict[str, str]]:
     return plan, skipped
 
 
+@dataclass
+class _Collected:
+    """What the passes of a run gather: timings by ``(peer, D, L, threads)``, and each
+    peer's setup facts and verification results (first pass only)."""
+
+    measured: dict[tuple[str, int, int, int | None], Timing] = field(default_factory=dict)
+    setup: list[dict[str, Any]] = field(default_factory=list)
+    verification: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _run_peer(
+    peer: Peer,
+    cfg: BenchConfig,
+    tables: Sequence[TableData],
+    dim: int,
+    workloads: dict[int, Workload],
+    first: bool,
+    where: str,
+    prog: _Progress,
+    got: _Collected,
+) -> None:
+    """One pass of one peer: build and warm its tables, then for each ``L`` verify it (on
+    the first pass), warm it up and time it; its tables are freed before returning."""
+    name, threads = type(peer).name, peer.threads
+    prog.stage(f"{where}: building and warming {cfg.num_tables} tables")
+    try:
+        t_setup = time.perf_counter()
+        peer.setup(tables, dim)
+        if first:
+            info = peer.extra()
+            rss = resident_bytes()
+            info.update(
+                peer=name,
+                dim=dim,
+                threads=threads,
+                setup_s=time.perf_counter() - t_setup,
+                rss_mib=None if rss is None else rss / 2**20,
+            )
+            got.setup.append(info)
+        for lp, wl in workloads.items():
+            peer.prepare(wl.batches, wl.grads)
+            if first:
+                prog.stage(f"{where} L={lp}: verifying")
+                if isinstance(peer, EmbstorePeer):
+                    res = verify_embstore(peer, wl, wl.batches[0], threads)
+                else:
+                    res = verify_peer(peer, wl.batches[0], wl.grads)
+                got.verification.append(
+                    {"peer": name, "dim": dim, "pooling": lp, "threads": threads, **res}
+                )
+            prog.stage(f"{where} L={lp}: timing")
+            timing = time_peer(peer, wl, cfg.warmup, prog.update)
+            got.measured.setdefault((name, dim, lp, threads), Timing()).add_pass(timing)
+    finally:
+        peer.close()
+        del peer
+        gc.collect()
+
+
 def run(cfg: BenchConfig) -> dict[str, Any]:
     """Run the comparison described by ``cfg`` and return the report as a dict.
 
@@ -209,9 +268,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     prog.stage(f"generating workload (T={cfg.num_tables}, U={cfg.universe})")
     tables = make_tables(cfg.num_tables, cfg.universe)
     n_batches = cfg.warmup + cfg.batches
-    measured: dict[tuple[str, int, int, int | None], Timing] = {}
-    verification: list[dict[str, Any]] = []
-    extras: list[dict[str, Any]] = []
+    got = _Collected()
     memory: list[dict[str, Any]] = []
     load_start = loadavg()
     cpu_start = cpu_clock()
@@ -260,51 +317,11 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             for cls in _rotated(plan, pass_no):
                 for threads in cfg.threads if cls.threaded else (None,):
                     where = f"{tag}{cls.name} D={dim} threads={threads if threads else '-'}"
-                    prog.stage(f"{where}: building and warming {cfg.num_tables} tables")
-                    peer = cls(threads)
-                    try:
-                        t_setup = time.perf_counter()
-                        peer.setup(tables, dim)
-                        if first:
-                            info = peer.extra()
-                            rss = resident_bytes()
-                            info.update(
-                                peer=cls.name,
-                                dim=dim,
-                                threads=threads,
-                                setup_s=time.perf_counter() - t_setup,
-                                rss_mib=None if rss is None else rss / 2**20,
-                            )
-                            extras.append(info)
-                        for lp, wl in workloads.items():
-                            peer.prepare(wl.batches, wl.grads)
-                            if first:
-                                prog.stage(f"{where} L={lp}: verifying")
-                                if isinstance(peer, EmbstorePeer):
-                                    res = verify_embstore(peer, wl, wl.batches[0], threads)
-                                else:
-                                    res = verify_peer(peer, wl.batches[0], wl.grads)
-                                verification.append(
-                                    {
-                                        "peer": cls.name,
-                                        "dim": dim,
-                                        "pooling": lp,
-                                        "threads": threads,
-                                        **res,
-                                    }
-                                )
-                            prog.stage(f"{where} L={lp}: timing")
-                            timing = time_peer(peer, wl, cfg.warmup, prog.update)
-                            key = (cls.name, dim, lp, threads)
-                            measured.setdefault(key, Timing()).add_pass(timing)
-                    finally:
-                        peer.close()
-                        del peer
-                        gc.collect()
+                    _run_peer(cls(threads), cfg, tables, dim, workloads, first, where, prog, got)
         del workloads
     prog.done()
     floor = floor_cases(traffic, rates) if rates else []
-    rows = _result_rows(cfg, plan, measured, floor)
+    rows = _result_rows(cfg, plan, got.measured, floor)
     env = environment()
     peak = peak_resident_bytes()
     env["peak_rss_mib"] = None if peak is None else round(peak / 2**20)
@@ -318,8 +335,8 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "results": [asdict(r) for r in rows],
         "table": format_table(rows),
         "memory": memory,
-        "setup": extras,
-        "verification": verification,
+        "setup": got.setup,
+        "verification": got.verification,
         "skipped": skipped,
         "floor": {"rates": [asdict(r) for r in rates], "cases": floor} if rates else None,
     }
