@@ -256,9 +256,10 @@ def format_report(report: dict[str, Any]) -> str:
         ),
         (
             f"- medians over {_passes_text(cfg)}{cfg['batches']} timed batches after "
-            f"{cfg['warmup']} untimed warm-up batch(es); step = forward + backward of the same batch; ratios are "
-            "peer / embstore (> 1: embstore is faster); others = cores used by other "
-            "processes while the row was timed (rows above ~0.2 are unreliable)"
+            f"{cfg['warmup']} untimed warm-up batch(es); step = forward + backward of the "
+            "same batch; ratios are peer / embstore (> 1: embstore is faster); others = "
+            "cores used by other processes while the row was timed (rows above ~0.2 are "
+            "unreliable)"
         ),
         "",
     ]

@@ -275,21 +275,6 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     rates: list[Rates] = []
     traffic: list[Traffic] = []
 
-    def measure_rates(tag: str) -> None:
-        # Once per pass (of the first D): the floor uses each rate's best measurement.
-        nonlocal rates
-        if not cfg.floor:
-            return
-        prog.stage(f"{tag}traffic floor: measuring memory rates ({cfg.floor_array_mib} MiB array)")
-        now = measure_bandwidth(
-            row_sizes(cfg.dims),
-            cfg.threads,
-            array_bytes=cfg.floor_array_mib << 20,
-            cpu_clock=cpu_clock,
-            others_cores=others_cores,
-        )
-        rates = best_rates(rates, now) if rates else now
-
     for dim in cfg.dims:
         if any(cls.name == "embstore" for cls in plan):
             prog.stage(f"embstore D={dim}: measuring memory in a fresh process")
@@ -312,8 +297,17 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         for pass_no in range(cfg.passes):
             first = pass_no == 0
             tag = f"pass {pass_no + 1}/{cfg.passes}: " if cfg.passes > 1 else ""
-            if dim == cfg.dims[0]:
-                measure_rates(tag)
+            if cfg.floor and dim == cfg.dims[0]:  # the floor keeps each rate's best pass
+                mib = cfg.floor_array_mib
+                prog.stage(f"{tag}traffic floor: measuring memory rates ({mib} MiB array)")
+                now = measure_bandwidth(
+                    row_sizes(cfg.dims),
+                    cfg.threads,
+                    array_bytes=cfg.floor_array_mib << 20,
+                    cpu_clock=cpu_clock,
+                    others_cores=others_cores,
+                )
+                rates = best_rates(rates, now) if rates else now
             for cls in _rotated(plan, pass_no):
                 for threads in cfg.threads if cls.threaded else (None,):
                     where = f"{tag}{cls.name} D={dim} threads={threads if threads else '-'}"
