@@ -361,6 +361,25 @@ def test_plot_without_matplotlib_fails_before_running(
     assert "needs matplotlib" in capsys.readouterr().err
 
 
+def test_passes_flag(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from embstore.bench import cli
+
+    parse = cli.build_parser().parse_args
+    assert cli.config_from_args(parse([])).passes == 1
+    assert cli.config_from_args(parse(["--full"])).passes == 3
+    assert cli.config_from_args(parse(["--full", "--passes", "2"])).passes == 2
+
+    def no_run(cfg: Any) -> Any:
+        raise AssertionError("ran the bench")
+
+    monkeypatch.setattr(cli, "run", no_run)
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["--passes", bad])
+        assert exc.value.code == 2
+        assert "--passes" in capsys.readouterr().err
+
+
 def test_w3_runner_reports_throughput_latency_and_contention_per_k() -> None:
     """bench/w3_callers.py at a tiny size: one row per K with the median ids/s of its
     interleaved rounds and their range, each call type's P50 / P99, and the contention
