@@ -319,6 +319,30 @@ def test_best_rates_keeps_each_rates_highest_measurement() -> None:
     assert two is a[1]  # measured once: kept as it was
 
 
+@pytest.mark.parametrize(
+    ("policy", "others", "rows", "expected"),
+    [
+        ("PASSIVE", 0.0, [("torch", 2)], "NOTE"),  # quiet machine: passive slows torch
+        ("PASSIVE", 0.0, [("fbgemm", 2)], "NOTE"),
+        ("PASSIVE", 0.0, [("torch", 1), ("embstore", 2)], None),  # no OpenMP peer on 2 threads
+        ("unset (libgomp default: active)", 0.0, [("torch", 2)], None),
+        ("PASSIVE", 0.5, [("torch", 2)], "WARNING"),  # loaded: passive is the remedy
+        ("unset (libgomp default: active)", 0.5, [("torch", 2)], "WARNING+active"),
+        ("unset (libgomp default: active)", 0.5, [("embstore", 2)], "WARNING"),
+    ],
+)
+def test_load_notes_name_what_the_load_and_the_wait_policy_did(
+    policy: str, others: float, rows: list[tuple[str, int]], expected: str | None
+) -> None:
+    from embstore.bench.report import format_load_notes
+
+    env = {"omp_wait_policy": policy, "other_processes_cores": others, "cores": 2}
+    text = "\n".join(format_load_notes(env, [{"peer": p, "threads": n} for p, n in rows]))
+    assert ("NOTE: OMP_WAIT_POLICY=PASSIVE" in text) == (expected == "NOTE")
+    assert ("WARNING: other processes used 0.50" in text) == (expected or "").startswith("WARNING")
+    assert ("wait actively" in text) == (expected == "WARNING+active")
+
+
 def test_report_from_json_prints_the_same(tiny_report: dict[str, Any], tmp_path: Any) -> None:
     import json
 

@@ -231,6 +231,37 @@ def format_passes(results: Sequence[dict[str, Any]]) -> list[str]:
     ]
 
 
+def format_load_notes(env: dict[str, Any], results: Sequence[dict[str, Any]]) -> list[str]:
+    """Notes on what the machine's load and the OpenMP wait policy did to the figures."""
+    out = []
+    passive = "PASSIVE" in str(env.get("omp_wait_policy"))
+    openmp_multi = any(
+        r["peer"] in ("torch", "fbgemm") and (r["threads"] or 1) > 1 for r in results
+    )
+    others = env.get("other_processes_cores")
+    if others is not None and others > 0.2:
+        out.append(
+            f"- WARNING: other processes used {others:.2f} of the {env.get('cores')} cores on "
+            "average during this run: figures are noisy, 2-thread figures most of all."
+        )
+        if not passive and openmp_multi:
+            out.append(
+                "  torch's and FBGEMM's multi-threaded rows are unreliable under contention "
+                "(their OpenMP workers wait actively); rerun on a quiet machine, or with "
+                "--omp-wait-policy passive (slower for them on a quiet machine)."
+            )
+    elif passive and openmp_multi:
+        # Measured: W1 D=32, 2 threads, on the 2-core Xeon VM, torch's forward 2.58 ms
+        # passive against 1.90 ms by default at L=8, 1.2 against 0.40 ms at L=1.
+        out.append(
+            "- NOTE: OMP_WAIT_POLICY=PASSIVE on a quiet machine: torch's and FBGEMM's OpenMP "
+            "workers sleep between parallel regions, which slows their multi-threaded rows "
+            "(up to 3x at L=1), and the targets take each peer at its best thread count, so "
+            "they may flatter embstore here. Quote a run with the default policy."
+        )
+    return out
+
+
 def format_report(report: dict[str, Any]) -> str:
     """Header, summary, targets, result table, floor, memory and verification lines."""
     env, cfg = report["environment"], report["config"]
@@ -303,20 +334,7 @@ def format_report(report: dict[str, Any]) -> str:
             "once per D and L, repeated in each thread group for the ratio."
         )
         out.append("")
-    others = env.get("other_processes_cores")
-    if others is not None and others > 0.2:
-        out.append(
-            f"- WARNING: other processes used {others:.2f} of the {env.get('cores')} cores on "
-            "average during this run: figures are noisy, 2-thread figures most of all."
-        )
-        if "PASSIVE" not in str(env.get("omp_wait_policy")) and any(
-            r["peer"] in ("torch", "fbgemm") and (r["threads"] or 1) > 1 for r in report["results"]
-        ):
-            out.append(
-                "  torch's and FBGEMM's multi-threaded rows are unreliable under contention "
-                "(their OpenMP workers wait actively); rerun on a quiet machine, or with "
-                "--omp-wait-policy passive (slower for them on a quiet machine)."
-            )
+    out += format_load_notes(env, report["results"])
     for name, why in report["skipped"].items():
         out.append(f"- {name}: {why}")
     out += format_passes(report["results"])
