@@ -29,16 +29,22 @@ constexpr size_t kMaxShards = 4096;       // shard ids are kept in uint16 scratc
 constexpr size_t kIdsPerWorker = 2048;    // below this a helper thread costs more than it saves
 constexpr size_t kIdsPerReadTask = 4096;  // optimistic lookup task size (whole bags)
 constexpr size_t kBagsPerPoolTask = 256;  // locked path's pooling task: ~32-256 KiB of output
-// Pipeline distances (ids ahead): index slots 16 ahead, rows 8 ahead — enough misses in
-// flight to cover DRAM latency without evicting prefetched lines before use. (32/16 measured
-// 10-20% slower on the W1 forward once the read kernel's per-id work shrank: 6 A/B rounds.)
-constexpr uint32_t kSlotAhead = 16;
-constexpr uint32_t kRowAhead = 8;
+// Pipeline distances (ids ahead): index slots 32 ahead, rows 16 ahead — enough misses in
+// flight to cover DRAM latency without evicting prefetched lines before use. The best pair
+// depends on the machine's memory latency. On the 2-core Intel Xeon VM (where bench/README's
+// figures are taken), against 16/8, 2 threads, two alternated rounds of separate builds: W1
+// D=32 forward 0.84-0.89x at L=8 and 0.87-0.90x at L=1, step 0.90-0.93x, W4 0.89-0.97x
+// (24/12: forward 0.87-0.90x; 32/20 and 40/20 as 32/16; 48/24 and 64/32: 0.86-0.89x; 12/6
+// and 16/12: 1.10-1.20x). On the AMD EPYC VM of the earlier runs, 32/16 had measured 10-20%
+// slower than 16/8 on the forward.
+constexpr uint32_t kSlotAhead = 32;
+constexpr uint32_t kRowAhead = 16;
 constexpr size_t kIdsPerNoteAll = 8;  // see notes_all_up_front
-constexpr uint32_t kRing = 32;  // > kSlotAhead: ids prefetched or probed, awaiting their read
+constexpr uint32_t kRing = 64;  // > kSlotAhead: ids prefetched or probed, awaiting their read
 static_assert(kSlotAhead < kRing && kRowAhead < kSlotAhead);
-// Rows whose places are already known (pool_places: no slot to wait for) are prefetched
-// further ahead: W2 forward 0.97x against kRowAhead (12: 0.98x, 20: 0.97x, 4: 1.05x).
+// Rows whose places are already known (pool_places: no slot to wait for) are prefetched 16
+// ahead: on the AMD VM, W2 forward 0.97x against the then kRowAhead of 8 (12: 0.98x, 20:
+// 0.97x, 4: 1.05x). Not re-tuned on the Xeon VM.
 constexpr uint32_t kPlacedRowAhead = 16;
 static_assert(kPlacedRowAhead < kRing);
 // A shard's ids are scattered over its request (every 64th id on average), so the key, place
@@ -789,9 +795,9 @@ struct BatchRunner {
   // Copies the rows of shard s's ids to dst[i] (scaled by weights[i] when given), inserting
   // missing ids when `insert`; misses read zeros otherwise.
   //
-  // Software pipeline (random gathers are latency-bound): the index slot of id j+16 is
-  // prefetched, id j is resolved to its row (which is prefetched), and the copy of id j-8
-  // completes. Resolution (find, reference bit, insert) stays in id order; before an insert
+  // Software pipeline (random gathers are latency-bound): the index slot of id j+kSlotAhead
+  // is prefetched, id j is resolved to its row (which is prefetched), and the copy of id
+  // j-kRowAhead completes. Resolution (find, reference bit, insert) stays in id order; before an insert
   // the pending copies are drained, so an eviction can never take a row still to be copied.
   // `pooled`: dst is a one-id-per-bag pooled output, so each value is 0 + w * row exactly as
   // the pooling spec sums (this turns a -0 row element into +0, like a numpy sum would).
