@@ -29,22 +29,28 @@ constexpr size_t kMaxShards = 4096;       // shard ids are kept in uint16 scratc
 constexpr size_t kIdsPerWorker = 2048;    // below this a helper thread costs more than it saves
 constexpr size_t kIdsPerReadTask = 4096;  // optimistic lookup task size (whole bags)
 constexpr size_t kBagsPerPoolTask = 256;  // locked path's pooling task: ~32-256 KiB of output
-// Pipeline distances (ids ahead): index slots 32 ahead, rows 16 ahead — enough misses in
-// flight to cover DRAM latency without evicting prefetched lines before use. The best pair
-// depends on the machine's memory latency. On the 2-core Intel Xeon VM (where bench/README's
-// figures are taken), against 16/8, 2 threads, two alternated rounds of separate builds: W1
-// D=32 forward 0.84-0.89x at L=8 and 0.87-0.90x at L=1, step 0.90-0.93x, W4 0.89-0.97x
+// Pipeline distances (ids ahead) of the lock-free read kernel: index slots 32 ahead, rows 16
+// ahead — enough misses in flight to cover DRAM latency without evicting prefetched lines
+// before use. The best pair depends on the machine's memory latency. On the 2-core Intel Xeon
+// VM (where bench/README's figures are taken), against 16/8, 2 threads, two alternated rounds
+// of separate builds: W1 D=32 forward 0.84-0.89x at L=8 and 0.87-0.90x at L=1, W4 0.89-0.97x
 // (24/12: forward 0.87-0.90x; 32/20 and 40/20 as 32/16; 48/24 and 64/32: 0.86-0.89x; 12/6
 // and 16/12: 1.10-1.20x). On the AMD EPYC VM of the earlier runs, 32/16 had measured 10-20%
 // slower than 16/8 on the forward.
-constexpr uint32_t kSlotAhead = 32;
-constexpr uint32_t kRowAhead = 16;
+constexpr uint32_t kReadSlotAhead = 32;
+constexpr uint32_t kReadRowAhead = 16;
+// The locked kernels (lookups that insert, the apply) keep 16/8: 32/16 there gained nothing
+// measurable on the W1 step and W2 ran 1.51-1.58x W1 in three runs (5-7% slower than with
+// 16/8), where the apply resolves and updates ids in order under each shard's lock.
+constexpr uint32_t kSlotAhead = 16;
+constexpr uint32_t kRowAhead = 8;
 constexpr size_t kIdsPerNoteAll = 8;  // see notes_all_up_front
 constexpr uint32_t kRing = 64;  // > kSlotAhead: ids prefetched or probed, awaiting their read
 static_assert(kSlotAhead < kRing && kRowAhead < kSlotAhead);
-// Rows whose places are already known (pool_places: no slot to wait for) are prefetched 16
-// ahead: on the AMD VM, W2 forward 0.97x against the then kRowAhead of 8 (12: 0.98x, 20:
-// 0.97x, 4: 1.05x). Not re-tuned on the Xeon VM.
+static_assert(kReadSlotAhead < kRing && kReadRowAhead < kReadSlotAhead);
+// Rows whose places are already known (pool_places: no slot to wait for) are prefetched
+// further ahead: on the AMD VM, W2 forward 0.97x against kRowAhead (12: 0.98x, 20: 0.97x,
+// 4: 1.05x). Not re-tuned on the Xeon VM.
 constexpr uint32_t kPlacedRowAhead = 16;
 static_assert(kPlacedRowAhead < kRing);
 // A shard's ids are scattered over its request (every 64th id on average), so the key, place
@@ -545,8 +551,8 @@ struct BatchRunner {
   // r.out in bag order (no gather buffer, no lock); `lookup` (offsets == nullptr) copies rows.
   // Writes each id's place to places[j].
   //
-  // A software pipeline hashes id j+kSlotAhead and prefetches its index slot, probes id
-  // j+kRowAhead and prefetches its row, and adds id j's row to its bag's sum (kept in
+  // A software pipeline hashes id j+kReadSlotAhead and prefetches its index slot, probes id
+  // j+kReadRowAhead and prefetches its row, and adds id j's row to its bag's sum (kept in
   // registers for common widths; stored once per bag). The seqlock is validated once per
   // shard per task. A task that raced a writer stops and sets task.raced: the caller redoes
   // it with read_bags_careful. An id to insert sets `abort`: the caller then runs the whole
@@ -609,20 +615,20 @@ struct BatchRunner {
     };
     // Advances the pipeline to id j: returns id j's row, or nullptr to abort. Ids below
     // `steady` have both pipeline partners in the task (one bounds check per id).
-    const size_t steady = hi > kSlotAhead ? hi - kSlotAhead : 0;
-    static_assert(kRowAhead < kSlotAhead, "j < hi - kSlotAhead implies j + kRowAhead < hi");
+    const size_t steady = hi > kReadSlotAhead ? hi - kReadSlotAhead : 0;
+    static_assert(kReadRowAhead < kReadSlotAhead, "j < hi - kReadSlotAhead implies j + kReadRowAhead < hi");
     const auto row_of = [&](size_t j) -> const float* {
       if (j < steady) {
-        prefetch_slot(j + kSlotAhead);
-        if (!probe(j + kRowAhead)) return nullptr;
-      } else if (j + kRowAhead < hi && !probe(j + kRowAhead)) {
+        prefetch_slot(j + kReadSlotAhead);
+        if (!probe(j + kReadRowAhead)) return nullptr;
+      } else if (j + kReadRowAhead < hi && !probe(j + kReadRowAhead)) {
         return nullptr;
       }
       return rows[j % kRing];
     };
-    for (size_t j = lo; j < std::min(hi, lo + kSlotAhead); ++j) prefetch_slot(j);
+    for (size_t j = lo; j < std::min(hi, lo + kReadSlotAhead); ++j) prefetch_slot(j);
     const auto stop = [&] { task.raced = true; };  // (or abort is set: an id to insert)
-    for (size_t j = lo; j < std::min(hi, lo + kRowAhead); ++j) {
+    for (size_t j = lo; j < std::min(hi, lo + kReadRowAhead); ++j) {
       if (!probe(j)) return stop();
     }
     if (!write_bags<kDim>(r, bag_lo, bag_hi, dim, abort, row_of) || !versions.valid()) {
@@ -636,7 +642,7 @@ struct BatchRunner {
   // request went to the locked path). Each id's row is copied to a scratch buffer and that
   // copy alone validated, re-read on a race; when a writer is inside the shard, or keeps
   // getting in the way, the row is read under the shard lock (which waits for the writer's
-  // critical section). Ids are prefetched kSlotAhead ahead; sums as in pool_bag. An id to
+  // critical section). Ids are prefetched kReadSlotAhead ahead; sums as in pool_bag. An id to
   // insert sets `abort`. Not dimension-specialised: it runs only under write contention.
   static void read_bags_careful(Table& t, const LookupSumRequest& r, size_t bag_lo,
                                 size_t bag_hi, std::atomic<bool>& abort, ReadTask& task,
@@ -795,9 +801,9 @@ struct BatchRunner {
   // Copies the rows of shard s's ids to dst[i] (scaled by weights[i] when given), inserting
   // missing ids when `insert`; misses read zeros otherwise.
   //
-  // Software pipeline (random gathers are latency-bound): the index slot of id j+kSlotAhead
-  // is prefetched, id j is resolved to its row (which is prefetched), and the copy of id
-  // j-kRowAhead completes. Resolution (find, reference bit, insert) stays in id order; before an insert
+  // Software pipeline (random gathers are latency-bound): the index slot of id j+16 is
+  // prefetched, id j is resolved to its row (which is prefetched), and the copy of id j-8
+  // completes. Resolution (find, reference bit, insert) stays in id order; before an insert
   // the pending copies are drained, so an eviction can never take a row still to be copied.
   // `pooled`: dst is a one-id-per-bag pooled output, so each value is 0 + w * row exactly as
   // the pooling spec sums (this turns a -0 row element into +0, like a numpy sum would).
