@@ -33,9 +33,9 @@ constexpr size_t kBagsPerPoolTask = 256;  // locked path's pooling task: ~32-256
 // ahead — enough misses in flight to cover DRAM latency without evicting prefetched lines
 // before use. The best pair depends on the machine's memory latency. On the 2-core Intel Xeon
 // VM (where bench/README's figures are taken), against 16/8, 2 threads, two alternated rounds
-// of separate builds: W1 D=32 forward 0.84-0.89x at L=8 and 0.87-0.90x at L=1, W4 0.89-0.97x
-// (24/12: forward 0.87-0.90x; 32/20 and 40/20 as 32/16; 48/24 and 64/32: 0.86-0.89x; 12/6
-// and 16/12: 1.10-1.20x). On the AMD EPYC VM of the earlier runs, 32/16 had measured 10-20%
+// of separate builds, six rounds in all: W1 D=32 forward 0.82-0.89x at L=8 and 0.87-0.90x at
+// L=1, W4 0.89-1.00x (24/12: forward 0.85-0.93x; 32/20 and 40/20 as 32/16; 48/24 and 64/32:
+// 0.84-0.89x; 12/6 and 16/12: 1.10-1.23x). On the AMD EPYC VM of the earlier runs, 32/16 had measured 10-20%
 // slower than 16/8 on the forward.
 constexpr uint32_t kReadSlotAhead = 32;
 constexpr uint32_t kReadRowAhead = 16;
