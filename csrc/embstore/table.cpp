@@ -49,9 +49,11 @@ constexpr uint32_t kRing = 64;  // > kSlotAhead: ids prefetched or probed, await
 static_assert(kSlotAhead < kRing && kRowAhead < kSlotAhead);
 static_assert(kReadSlotAhead < kRing && kReadRowAhead < kReadSlotAhead);
 // Rows whose places are already known (pool_places: no slot to wait for) are prefetched
-// further ahead: on the AMD VM, W2 forward 0.97x against kRowAhead (12: 0.98x, 20: 0.97x,
-// 4: 1.05x). Not re-tuned on the Xeon VM.
-constexpr uint32_t kPlacedRowAhead = 16;
+// further ahead. On the AMD VM, 16 ahead: W2 forward 0.97x against kRowAhead (12: 0.98x, 20:
+// 0.97x, 4: 1.05x). On the Xeon VM, 24 ahead: W2 step 0.973-0.975x against 16 in four
+// alternated rounds of separate builds (32: 0.95x and 1.01x; the locked kernels at 24/12
+// with it: 1.01x and 1.07x).
+constexpr uint32_t kPlacedRowAhead = 24;
 static_assert(kPlacedRowAhead < kRing);
 // A shard's ids are scattered over its request (every 64th id on average), so the key, place
 // and bag of each is a cache line of its own: the locked kernels prefetch them this far
