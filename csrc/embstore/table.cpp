@@ -32,11 +32,11 @@ constexpr size_t kBagsPerPoolTask = 256;  // locked path's pooling task: ~32-256
 // Pipeline distances (ids ahead) of the lock-free read kernel: index slots 32 ahead, rows 16
 // ahead — enough misses in flight to cover DRAM latency without evicting prefetched lines
 // before use. The best pair depends on the machine's memory latency. On the 2-core Intel Xeon
-// VM (where bench/README's figures are taken), against 16/8, 2 threads, two alternated rounds
-// of separate builds, six rounds in all: W1 D=32 forward 0.82-0.89x at L=8 and 0.87-0.90x at
-// L=1, W4 0.89-1.00x (24/12: forward 0.85-0.93x; 32/20 and 40/20 as 32/16; 48/24 and 64/32:
-// 0.84-0.89x; 12/6 and 16/12: 1.10-1.23x). On the AMD EPYC VM of the earlier runs, 32/16 had measured 10-20%
-// slower than 16/8 on the forward.
+// VM (where bench/README's figures are taken), against 16/8, 2 threads, separate builds in
+// six alternated rounds: W1 D=32 forward 0.82-0.89x at L=8 and 0.87-0.90x at L=1, W4
+// 0.89-1.00x (24/12: forward 0.85-0.93x; 32/20 and 40/20 as 32/16; 48/24 and 64/32:
+// 0.84-0.89x; 12/6 and 16/12: 1.10-1.23x). On the AMD EPYC VM of the earlier runs, 32/16 had
+// measured 10-20% slower than 16/8 on the forward.
 constexpr uint32_t kReadSlotAhead = 32;
 constexpr uint32_t kReadRowAhead = 16;
 // The locked kernels (lookups that insert, the apply) keep 16/8: 32/16 there gained nothing
@@ -45,7 +45,8 @@ constexpr uint32_t kReadRowAhead = 16;
 constexpr uint32_t kSlotAhead = 16;
 constexpr uint32_t kRowAhead = 8;
 constexpr size_t kIdsPerNoteAll = 8;  // see notes_all_up_front
-constexpr uint32_t kRing = 64;  // > kSlotAhead: ids prefetched or probed, awaiting their read
+// Ring of ids prefetched or probed and awaiting their read; longer than every slot distance.
+constexpr uint32_t kRing = 64;
 static_assert(kSlotAhead < kRing && kRowAhead < kSlotAhead);
 static_assert(kReadSlotAhead < kRing && kReadRowAhead < kReadSlotAhead);
 // Rows whose places are already known (pool_places: no slot to wait for) are prefetched
@@ -618,7 +619,8 @@ struct BatchRunner {
     // Advances the pipeline to id j: returns id j's row, or nullptr to abort. Ids below
     // `steady` have both pipeline partners in the task (one bounds check per id).
     const size_t steady = hi > kReadSlotAhead ? hi - kReadSlotAhead : 0;
-    static_assert(kReadRowAhead < kReadSlotAhead, "j < hi - kReadSlotAhead implies j + kReadRowAhead < hi");
+    static_assert(kReadRowAhead < kReadSlotAhead,
+                  "j < hi - kReadSlotAhead implies j + kReadRowAhead < hi");
     const auto row_of = [&](size_t j) -> const float* {
       if (j < steady) {
         prefetch_slot(j + kReadSlotAhead);
@@ -644,7 +646,7 @@ struct BatchRunner {
   // request went to the locked path). Each id's row is copied to a scratch buffer and that
   // copy alone validated, re-read on a race; when a writer is inside the shard, or keeps
   // getting in the way, the row is read under the shard lock (which waits for the writer's
-  // critical section). Ids are prefetched kReadSlotAhead ahead; sums as in pool_bag. An id to
+  // critical section). Ids are prefetched kSlotAhead ahead; sums as in pool_bag. An id to
   // insert sets `abort`. Not dimension-specialised: it runs only under write contention.
   static void read_bags_careful(Table& t, const LookupSumRequest& r, size_t bag_lo,
                                 size_t bag_hi, std::atomic<bool>& abort, ReadTask& task,
