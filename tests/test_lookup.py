@@ -171,3 +171,26 @@ def test_pooled_sum_starts_from_positive_zero() -> None:
         want = pool(np.zeros((2, 2), np.float32), off, w)
         assert not np.signbit(want).any()
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), got
+
+
+def test_lock_free_reads_match_reference_at_every_length_around_the_pipeline() -> None:
+    """The lock-free read kernel prefetches index slots and rows some ids ahead of the id it
+    sums (table.cpp: kReadSlotAhead, kReadRowAhead), with separate paths for a batch's first
+    ids, its steady middle and its last ones. Every length from 0 to 80 ids crosses each
+    boundary between them: stored ids (nothing inserted), with misses read as zeros."""
+    t, ref = Config(dim=8, num_shards=4).pair()
+    stored = np.arange(0, 200, 2, dtype=np.uint64)  # even ids stored, odd ones missing
+    t.lookup(stored)
+    ref.lookup(stored)
+    rng = np.random.default_rng(7)
+    for n in range(81):
+        hits = rng.choice(stored, size=n)
+        mixed = rng.integers(0, 200, size=n).astype(np.uint64)
+        for keys, insert in ((hits, True), (mixed, False)):
+            assert_rows_equal(t.lookup(keys, insert=insert), ref.lookup(keys, insert=insert), keys)
+            off = random_offsets(rng, n, max(1, n // 3))
+            assert_rows_equal(
+                t.lookup_sum(keys, off, insert=insert), ref.lookup_sum(keys, off, insert=insert)
+            )
+    assert len(t) == len(stored)
+    assert_counters(t, ref)
