@@ -12,6 +12,7 @@
 #include <cstdint>  // uint64_t, int64_t
 #include <cstring>  // std::memcpy
 #include <memory>   // std::shared_ptr
+#include <optional>  // std::optional
 #include <string>   // std::string
 #include <vector>   // std::vector
 
@@ -78,6 +79,67 @@ const int64_t* optional_offsets(const py::object& offsets, py::ssize_t& num_bags
 PoolMode to_mode(int mode) {
   if (mode != 0 && mode != 1) throw py::value_error("mode: must be 0 (sum) or 1 (mean)");
   return static_cast<PoolMode>(mode);
+}
+
+// A new float32 [rows, dim] array whose memory comes from the output pool (and returns there
+// when the array is freed), so the next batch's result reuses mapped pages.
+py::array_t<float> new_rows(py::ssize_t rows, py::ssize_t dim) {
+  const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(dim) * sizeof(float);
+  void* data = embstore::BufferPool::global().acquire(bytes);
+  py::capsule owner(data, [](void* p) { embstore::BufferPool::global().release(p); });
+  return py::array_t<float>({rows, dim}, static_cast<float*>(data), owner);
+}
+
+// The data of `h` if it is a C-contiguous numpy array of dtype T (or of T2, same width) with
+// `ndim` dimensions, else nullptr; its shape goes to shape[0..ndim).
+template <typename T, typename T2 = T>
+const T* array_as_is(py::handle h, py::ssize_t ndim, py::ssize_t* shape) {
+  if (!py::array_t<T>::check_(h) && !py::array_t<T2>::check_(h)) return nullptr;
+  const auto a = py::reinterpret_borrow<py::array>(h);
+  if (a.ndim() != ndim || !(a.flags() & py::array::c_style)) return nullptr;
+  for (py::ssize_t d = 0; d < ndim; ++d) shape[d] = a.shape(d);
+  return static_cast<const T*>(a.data());
+}
+
+// One table's part of a TableGroup call as TableGroup's arrays module would pass it on
+// unchanged: (keys, offsets[, grads][, weights]) with keys uint64 or int64 [n], offsets int64
+// [bags + 1], grads float32 [bags, dim], weights float32 [n]; all 1-D or 2-D C-contiguous.
+struct CanonicalBatch {
+  const uint64_t* keys;
+  size_t n;
+  const int64_t* offsets;
+  size_t num_bags;
+  const float* grads;
+  const float* weights;
+};
+
+// `h` as a CanonicalBatch, or nullopt when it is anything else (then TableGroup converts its
+// arrays, or raises the error that names what is wrong). `arrays`: the tuple's length without
+// weights (2 for a lookup, 3 with grads [bags, dim] for an apply).
+std::optional<CanonicalBatch> canonical_batch(py::handle h, size_t arrays, bool with_grads,
+                                              py::ssize_t dim) {
+  if (!PyTuple_CheckExact(h.ptr())) return std::nullopt;
+  const auto items = py::reinterpret_borrow<py::tuple>(h);
+  if (items.size() != arrays && items.size() != arrays + 1) return std::nullopt;
+  py::ssize_t shape[2];
+  CanonicalBatch b{};
+  b.keys = array_as_is<uint64_t, int64_t>(items[0], 1, shape);  // int64 ids keep their bits
+  if (b.keys == nullptr) return std::nullopt;
+  b.n = static_cast<size_t>(shape[0]);
+  b.offsets = array_as_is<int64_t>(items[1], 1, shape);
+  if (b.offsets == nullptr || shape[0] < 1) return std::nullopt;
+  b.num_bags = static_cast<size_t>(shape[0] - 1);
+  if (with_grads) {
+    b.grads = array_as_is<float>(items[2], 2, shape);
+    if (b.grads == nullptr || shape[0] != static_cast<py::ssize_t>(b.num_bags) || shape[1] != dim) {
+      return std::nullopt;
+    }
+  }
+  if (items.size() == arrays + 1) {
+    b.weights = array_as_is<float>(items[arrays], 1, shape);
+    if (b.weights == nullptr || shape[0] != static_cast<py::ssize_t>(b.n)) return std::nullopt;
+  }
+  return b;
 }
 
 std::shared_ptr<Table> make_table(size_t dim, size_t capacity, size_t num_shards,
@@ -445,72 +507,64 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("begin_snapshot", &begin_snapshot, py::arg("table"), py::arg("mode"));
 
+  // TableGroup's batched calls: one tuple per table, taken exactly as given. A tuple whose
+  // arrays are not already in the core's dtypes and layout makes the call return None (False
+  // for the apply) before anything runs: TableGroup then converts them (or raises its own
+  // error) and calls again. Returns the pooled outputs, from the output pool.
   m.def(
       "group_lookup_sum",
-      [](const std::vector<std::shared_ptr<Table>>& tables, const std::vector<py::array>& keys,
-         const std::vector<py::array>& offsets, const std::vector<py::object>& weights, int mode,
-         bool insert, const std::vector<py::array>& outs, const std::vector<std::string>& labels) {
+      [](const std::vector<std::shared_ptr<Table>>& tables, const py::list& features, int mode,
+         bool insert, const std::vector<std::string>& labels) -> py::object {
         const size_t R = tables.size();
-        if (keys.size() != R || offsets.size() != R || weights.size() != R || outs.size() != R ||
-            labels.size() != R) {
+        if (features.size() != R || labels.size() != R) {
           throw py::value_error("group_lookup_sum: argument lists differ in length");
         }
         const PoolMode pm = to_mode(mode);
         std::vector<embstore::LookupSumRequest> requests(R);
         for (size_t k = 0; k < R; ++k) {
-          Table& t = *tables[k];
-          const auto n = keys[k].shape(0);
-          py::ssize_t bags = 0;
-          const int64_t* off = optional_offsets(offsets[k], bags);
-          requests[k] = {&t,
-                         keys_data(keys[k]),
-                         static_cast<size_t>(n),
-                         off,
-                         static_cast<size_t>(bags),
-                         optional_weights(weights[k], n),
-                         pm,
-                         insert,
-                         checked_data<float>(outs[k], "out", bags, static_cast<py::ssize_t>(t.dim()), true),
-                         labels[k]};
+          const std::optional<CanonicalBatch> b = canonical_batch(features[k], 2, false, 0);
+          if (!b) return py::none();
+          requests[k] = {tables[k].get(), b->keys, b->n, b->offsets, b->num_bags,
+                         b->weights,      pm,      insert, nullptr,  labels[k]};
         }
-        py::gil_scoped_release release;
-        embstore::lookup_sum_many(requests, embstore::Timer::kGroupLookupSum);
+        py::list outs(R);
+        for (size_t k = 0; k < R; ++k) {
+          py::array_t<float> out = new_rows(static_cast<py::ssize_t>(requests[k].num_bags),
+                                            static_cast<py::ssize_t>(tables[k]->dim()));
+          requests[k].out = out.mutable_data();
+          outs[k] = std::move(out);
+        }
+        {
+          py::gil_scoped_release release;
+          embstore::lookup_sum_many(requests, embstore::Timer::kGroupLookupSum);
+        }
+        return std::move(outs);
       },
-      py::arg("tables"), py::arg("keys"), py::arg("offsets"), py::arg("weights"), py::arg("mode"),
-      py::arg("insert"), py::arg("outs"), py::arg("labels"));
+      py::arg("tables"), py::arg("features"), py::arg("mode"), py::arg("insert"),
+      py::arg("labels"));
 
   m.def(
       "group_apply_gradients",
-      [](const std::vector<std::shared_ptr<Table>>& tables, const std::vector<py::array>& keys,
-         const std::vector<py::array>& offsets, const std::vector<py::array>& grads,
-         const std::vector<py::object>& weights, int mode, const std::vector<std::string>& labels) {
+      [](const std::vector<std::shared_ptr<Table>>& tables, const py::list& grads, int mode,
+         const std::vector<std::string>& labels) {
         const size_t R = tables.size();
-        if (keys.size() != R || offsets.size() != R || grads.size() != R || weights.size() != R ||
-            labels.size() != R) {
+        if (grads.size() != R || labels.size() != R) {
           throw py::value_error("group_apply_gradients: argument lists differ in length");
         }
         const PoolMode pm = to_mode(mode);
         std::vector<embstore::ApplyRequest> requests(R);
         for (size_t k = 0; k < R; ++k) {
-          Table& t = *tables[k];
-          const auto n = keys[k].shape(0);
-          py::ssize_t bags = 0;
-          const int64_t* off = optional_offsets(offsets[k], bags);
-          requests[k] = {&t,
-                         keys_data(keys[k]),
-                         static_cast<size_t>(n),
-                         checked_data<float>(grads[k], "grads", off ? bags : n, static_cast<py::ssize_t>(t.dim()), false),
-                         off,
-                         static_cast<size_t>(bags),
-                         optional_weights(weights[k], n),
-                         pm,
-                         labels[k]};
+          const std::optional<CanonicalBatch> b =
+              canonical_batch(grads[k], 3, true, static_cast<py::ssize_t>(tables[k]->dim()));
+          if (!b) return false;
+          requests[k] = {tables[k].get(), b->keys,    b->n,  b->grads, b->offsets,
+                         b->num_bags,     b->weights, pm,    labels[k]};
         }
         py::gil_scoped_release release;
         embstore::apply_gradients_many(requests, embstore::Timer::kGroupApplyGradients);
+        return true;
       },
-      py::arg("tables"), py::arg("keys"), py::arg("offsets"), py::arg("grads"), py::arg("weights"),
-      py::arg("mode"), py::arg("labels"));
+      py::arg("tables"), py::arg("grads"), py::arg("mode"), py::arg("labels"));
 
   // A new float32 [rows, dim] array for a batch result, its memory from the output pool: it
   // returns there when the array is freed, so the next batch's result reuses mapped pages.
@@ -518,10 +572,7 @@ PYBIND11_MODULE(_core, m) {
       "empty_rows",
       [](py::ssize_t rows, py::ssize_t dim) {
         if (rows < 0 || dim < 0) throw py::value_error("rows and dim must be >= 0");
-        const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(dim) * sizeof(float);
-        void* data = embstore::BufferPool::global().acquire(bytes);
-        py::capsule owner(data, [](void* p) { embstore::BufferPool::global().release(p); });
-        return py::array_t<float>({rows, dim}, static_cast<float*>(data), owner);
+        return new_rows(rows, dim);
       },
       py::arg("rows"), py::arg("dim"));
   m.def("output_pool_bytes", [] { return embstore::BufferPool::global().pooled_bytes(); });

@@ -174,6 +174,25 @@ BAD_GROUP_CALLS: list[Any] = [
         TypeError,
         "keys",
     ),
+    (  # arrays the core takes as they are: its own check of the offsets raises
+        "offsets_bad_as_arrays",
+        lambda g: g.lookup_sum(
+            {
+                "user": (u64([5]), np.array([0, 1], np.int64)),
+                "item": (u64([5, 6]), np.array([0, 3], np.int64)),
+            }
+        ),
+        ValueError,
+        "offsets",
+    ),
+    (
+        "grads_wrong_dim_as_arrays",
+        lambda g: g.apply_gradients(
+            {"item": (u64([5]), np.array([0, 1], np.int64), np.ones((1, 4), np.float32))}
+        ),
+        ValueError,
+        "grads",
+    ),
     (
         "bad_mode",
         lambda g: g.lookup_sum({"user": (u64([5]), [0, 1])}, mode="max"),
@@ -198,6 +217,87 @@ def test_bad_group_calls_change_nothing(call: Any, exc: type[Exception], match: 
         call(group)
     for name in CONFIGS:
         assert_unchanged(before[name], snapshot(group[name], probe))
+
+
+def _as_given(feats: dict[str, tuple[Any, ...]], form: str) -> Any:
+    """The same batch as a caller might hand it over in `form`."""
+
+    def convert(k: np.ndarray, off: np.ndarray, *rest: np.ndarray) -> tuple[Any, ...]:
+        if form == "int64_keys":
+            return (k.astype(np.int64), off, *rest)
+        if form == "strided_keys":
+            return (np.repeat(k, 2)[::2], off, *rest)
+        if form == "int32_offsets":
+            return (k, off.astype(np.int32), *rest)
+        if form == "lists":
+            return (k.tolist(), off.tolist(), *rest)
+        if form == "float64":
+            return (k, off, *(np.asarray(a, np.float64) for a in rest))
+        if form == "fortran":
+            return (k, off, *(np.asfortranarray(a) for a in rest))
+        return (k, off, *rest)
+
+    converted = {name: convert(*f) for name, f in feats.items()}
+    if form == "mapping":
+        import types
+
+        return types.MappingProxyType(converted)
+    return converted
+
+
+FORMS = ["int64_keys", "strided_keys", "int32_offsets", "lists", "float64", "fortran", "mapping"]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_group_inputs_in_any_accepted_form_match_core_arrays(
+    form: str, rng: np.random.Generator
+) -> None:
+    """Arrays already in the core's dtypes and layout go to it as they are; every other
+    accepted form (int64 ids, strided, int32 offsets, lists, float64 weights and grads,
+    Fortran order, a read-only mapping) is converted first: both give the same bits."""
+    group, twins = _group()
+    canonical_twin = embstore.TableGroup(twins)
+    for _ in range(4):
+        bags = int(rng.integers(1, 12))
+        feats: dict[str, tuple[Any, ...]] = {}
+        grads: dict[str, tuple[Any, ...]] = {}
+        for name, cfg in CONFIGS.items():
+            keys, off = _batch(rng, name, bags)
+            w = np.asarray(rng.uniform(-2, 2, size=keys.shape[0]), np.float32)
+            g = rng.normal(size=(bags, cfg.dim)).astype(np.float32)
+            feats[name] = (keys, off, w) if name != "user" else (keys, off)
+            grads[name] = (keys, off, g, w) if name != "user" else (keys, off, g)
+        got = group.lookup_sum(_as_given(feats, form))
+        want = canonical_twin.lookup_sum(feats)
+        assert list(got) == list(want)
+        for name in CONFIGS:
+            assert_rows_equal(got[name], want[name])
+        group.apply_gradients(_as_given(grads, form))
+        canonical_twin.apply_gradients(grads)
+    universe = np.arange(200, dtype=np.uint64)
+    for name in CONFIGS:
+        assert_rows_equal(
+            group[name].lookup(universe, insert=False), twins[name].lookup(universe, insert=False)
+        )
+
+
+def test_group_call_on_a_closed_table_raises() -> None:
+    """A table closed after the group was made: the group's calls raise and run nothing."""
+    group, _ = _group()
+    group["user"].lookup(u64([1, 2]))
+    group["item"].close()
+    before = snapshot(group["user"], u64(range(10)))
+    off = np.array([0, 1], np.int64)
+    with pytest.raises(ValueError, match="closed"):
+        group.lookup_sum({"user": (u64([7]), off), "item": (u64([7]), off)})
+    with pytest.raises(ValueError, match="closed"):
+        group.apply_gradients(
+            {
+                "user": (u64([1]), off, np.ones((1, 4), np.float32)),
+                "item": (u64([1]), off, np.ones((1, 7), np.float32)),
+            }
+        )
+    assert_unchanged(before, snapshot(group["user"], u64(range(10))))
 
 
 def test_group_rejects_non_tables() -> None:

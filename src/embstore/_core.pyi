@@ -138,23 +138,17 @@ class Snapshot:
 def begin_snapshot(table: Table, mode: int) -> Snapshot: ...
 def group_lookup_sum(
     tables: list[Table],
-    keys: list[npt.NDArray[np.uint64]],
-    offsets: list[npt.NDArray[np.int64]],
-    weights: list[npt.NDArray[np.float32] | None],
+    features: list[tuple[Any, ...]],
     mode: int,
     insert: bool,
-    outs: list[npt.NDArray[np.float32]],
     labels: list[str],
-) -> None: ...
+) -> list[npt.NDArray[np.float32]] | None: ...
 def group_apply_gradients(
     tables: list[Table],
-    keys: list[npt.NDArray[np.uint64]],
-    offsets: list[npt.NDArray[np.int64]],
-    grads: list[npt.NDArray[np.float32]],
-    weights: list[npt.NDArray[np.float32] | None],
+    grads: list[tuple[Any, ...]],
     mode: int,
     labels: list[str],
-) -> None: ...
+) -> bool: ...
 def empty_rows(rows: int, dim: int) -> npt.NDArray[np.float32]: ...
 def output_pool_bytes() -> int: ...
 def output_pool_limit() -> int: ...
