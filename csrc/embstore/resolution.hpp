@@ -37,6 +37,12 @@ struct RowResolution {
   // every row it updates), or Table::settle_references before a CLOCK sweep or when
   // another resolution replaces this one.
   bool refs_pending = false;
+  // The lookup's ids grouped by shard (stable), when its locked pass planned them: the apply
+  // of the same ids takes this plan instead of grouping them again (W2: the apply 0.86-0.97x,
+  // median 0.95x, six alternated rounds of separate builds on the Xeon VM).
+  std::vector<uint32_t> order;        // (n) positions, shard by shard
+  std::vector<uint32_t> shard_begin;  // (S + 1) each shard's first position in `order`
+  bool planned = false;
 
   static constexpr uint64_t kUnknownVersion = 1;
   // Whether shard s's places are certainly current for a shard now at version `now`.

@@ -799,6 +799,7 @@ struct BatchRunner {
       }
     }
     resolution.refs_pending = true;
+    resolution.planned = false;
     t.keep_resolution(r.keys, r.n, resolution);
   }
 
@@ -1990,8 +1991,12 @@ void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
   for (const size_t k : locked) {  // inexact shards' rows are checked (see gather_shard)
     const LookupSumRequest& r = requests[k];
     if (r.insert) {
-      spaces[k]->resolution.refs_pending = false;  // gather_shard referenced its rows
-      r.table->keep_resolution(r.keys, r.n, spaces[k]->resolution);
+      Workspace& ws = *spaces[k];
+      ws.resolution.refs_pending = false;  // gather_shard referenced its rows
+      std::swap(ws.resolution.order, ws.order);  // the plan goes with it, for the apply
+      std::swap(ws.resolution.shard_begin, ws.shard_begin);
+      ws.resolution.planned = true;
+      r.table->keep_resolution(r.keys, r.n, ws.resolution);
     }
   }
   if (pooled) clock.lap(Timer::kStagePool);
@@ -2021,7 +2026,13 @@ void apply_gradients_many(std::vector<ApplyRequest>& requests, Timer op) {
     const ApplyRequest& r = requests[k];
     Workspace& ws = *spaces[k];
     const bool reuse = r.table->take_resolution(r.keys, r.n, ws.resolution);
-    BatchRunner::plan(*r.table, r.keys, r.n, ws, reuse ? ws.resolution.places.data() : nullptr);
+    if (reuse && ws.resolution.planned) {  // the lookup's locked pass grouped these ids
+      std::swap(ws.order, ws.resolution.order);
+      std::swap(ws.shard_begin, ws.resolution.shard_begin);
+      ws.resolution.planned = false;
+    } else {
+      BatchRunner::plan(*r.table, r.keys, r.n, ws, reuse ? ws.resolution.places.data() : nullptr);
+    }
     if (r.offsets != nullptr) {
       ws.bag_of.resize(r.n);
       for (size_t bag = 0; bag < r.num_bags; ++bag) {
