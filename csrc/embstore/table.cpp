@@ -1386,6 +1386,7 @@ Table::~Table() { ForkGuard::remove(this); }
 void Table::keep_resolution(const uint64_t* keys, size_t n, RowResolution& r) {
   r.keys.assign(keys, keys + n);
   r.valid = true;
+  r.shrink_if_oversized();
   std::lock_guard<std::mutex> lock(resolution_mutex_);
   pay_references(resolution_);
   std::swap(resolution_, r);

@@ -42,6 +42,7 @@
 #include "embstore/hash.hpp"
 #include "embstore/initializer.hpp"
 #include "embstore/optimizer.hpp"
+#include "embstore/resolution.hpp"
 #include "embstore/shard.hpp"
 #include "embstore/snapshot.hpp"
 #include "embstore/table.hpp"
@@ -618,6 +619,27 @@ TEST_CASE(buffer_pool_recycles_by_size_within_its_limit) {
   CHECK(pool.pooled_bytes() == 0);
   pool.release(pool.acquire(0));  // empty results work too
   pool.release(nullptr);
+}
+
+TEST_CASE(resolution_gives_back_a_large_batchs_buffers) {
+  RowResolution r;
+  const size_t big = 4 * RowResolution::kShrinkAbove, small = 1000;
+  r.keys.resize(big);
+  r.places.resize(big);
+  r.order.resize(big);
+  r.shrink_if_oversized();  // sized to fit: kept
+  CHECK(r.keys.capacity() >= big && r.places.capacity() >= big && r.order.capacity() >= big);
+  r.keys.resize(small);
+  r.places.resize(small);
+  r.order.clear();  // (a lock-free lookup plans nothing)
+  r.shrink_if_oversized();
+  CHECK(r.keys.size() == small && r.keys.capacity() < 2 * small);
+  CHECK(r.places.size() == small && r.places.capacity() < 2 * small);
+  CHECK(r.order.capacity() < 2 * small);
+  r.keys.resize(RowResolution::kShrinkAbove / 4);  // small buffers are left alone
+  r.keys.reserve(RowResolution::kShrinkAbove);
+  r.shrink_if_oversized();
+  CHECK(r.keys.capacity() >= RowResolution::kShrinkAbove);
 }
 
 TEST_CASE(buffer_pool_from_many_threads) {
