@@ -101,9 +101,17 @@ const T* array_as_is(py::handle h, py::ssize_t ndim, py::ssize_t* shape) {
   return static_cast<const T*>(a.data());
 }
 
+// References to a list's items, kept while the GIL is released (the list may change).
+std::vector<py::object> hold(const py::list& items) {
+  std::vector<py::object> held;
+  held.reserve(items.size());
+  for (const py::handle item : items) held.push_back(py::reinterpret_borrow<py::object>(item));
+  return held;
+}
+
 // One table's part of a TableGroup call as TableGroup's arrays module would pass it on
 // unchanged: (keys, offsets[, grads][, weights]) with keys uint64 or int64 [n], offsets int64
-// [bags + 1], grads float32 [bags, dim], weights float32 [n]; all 1-D or 2-D C-contiguous.
+// [bags + 1], grads float32 [bags, dim], weights float32 [n] or None; all C-contiguous.
 struct CanonicalBatch {
   const uint64_t* keys;
   size_t n;
@@ -135,7 +143,7 @@ std::optional<CanonicalBatch> canonical_batch(py::handle h, size_t arrays, bool 
       return std::nullopt;
     }
   }
-  if (items.size() == arrays + 1) {
+  if (items.size() == arrays + 1 && !items[arrays].is_none()) {  // (None: no weights)
     b.weights = array_as_is<float>(items[arrays], 1, shape);
     if (b.weights == nullptr || shape[0] != static_cast<py::ssize_t>(b.n)) return std::nullopt;
   }
@@ -510,7 +518,9 @@ PYBIND11_MODULE(_core, m) {
   // TableGroup's batched calls: one tuple per table, taken exactly as given. A tuple whose
   // arrays are not already in the core's dtypes and layout makes the call return None (False
   // for the apply) before anything runs: TableGroup then converts them (or raises its own
-  // error) and calls again. Returns the pooled outputs, from the output pool.
+  // error) and calls again. Returns the pooled outputs, from the output pool. The tuples are
+  // held while the GIL is released, so their arrays outlive the call even if another thread
+  // changes the list.
   m.def(
       "group_lookup_sum",
       [](const std::vector<std::shared_ptr<Table>>& tables, const py::list& features, int mode,
@@ -521,8 +531,9 @@ PYBIND11_MODULE(_core, m) {
         }
         const PoolMode pm = to_mode(mode);
         std::vector<embstore::LookupSumRequest> requests(R);
+        const std::vector<py::object> held = hold(features);
         for (size_t k = 0; k < R; ++k) {
-          const std::optional<CanonicalBatch> b = canonical_batch(features[k], 2, false, 0);
+          const std::optional<CanonicalBatch> b = canonical_batch(held[k], 2, false, 0);
           if (!b) return py::none();
           requests[k] = {tables[k].get(), b->keys, b->n, b->offsets, b->num_bags,
                          b->weights,      pm,      insert, nullptr,  labels[k]};
@@ -553,9 +564,10 @@ PYBIND11_MODULE(_core, m) {
         }
         const PoolMode pm = to_mode(mode);
         std::vector<embstore::ApplyRequest> requests(R);
+        const std::vector<py::object> held = hold(grads);
         for (size_t k = 0; k < R; ++k) {
           const std::optional<CanonicalBatch> b =
-              canonical_batch(grads[k], 3, true, static_cast<py::ssize_t>(tables[k]->dim()));
+              canonical_batch(held[k], 3, true, static_cast<py::ssize_t>(tables[k]->dim()));
           if (!b) return false;
           requests[k] = {tables[k].get(), b->keys,    b->n,  b->grads, b->offsets,
                          b->num_bags,     b->weights, pm,    labels[k]};

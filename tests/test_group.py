@@ -235,6 +235,12 @@ def _as_given(feats: dict[str, tuple[Any, ...]], form: str) -> Any:
             return (k, off, *(np.asarray(a, np.float64) for a in rest))
         if form == "fortran":
             return (k, off, *(np.asfortranarray(a) for a in rest))
+        if form == "byteswapped":
+            return tuple(a.astype(a.dtype.newbyteorder(">")) for a in (k, off, *rest))
+        if form.startswith("none_weights") and (len(rest) == 0 or rest[-1].ndim == 2):
+            if form == "none_weights_converted":
+                off = off.astype(np.int32)
+            return (k, off, *rest, None)  # an explicit None: no weights
         return (k, off, *rest)
 
     converted = {name: convert(*f) for name, f in feats.items()}
@@ -245,7 +251,18 @@ def _as_given(feats: dict[str, tuple[Any, ...]], form: str) -> Any:
     return converted
 
 
-FORMS = ["int64_keys", "strided_keys", "int32_offsets", "lists", "float64", "fortran", "mapping"]
+FORMS = [
+    "int64_keys",
+    "strided_keys",
+    "int32_offsets",
+    "lists",
+    "float64",
+    "fortran",
+    "mapping",
+    "byteswapped",
+    "none_weights",
+    "none_weights_converted",
+]
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -254,7 +271,8 @@ def test_group_inputs_in_any_accepted_form_match_core_arrays(
 ) -> None:
     """Arrays already in the core's dtypes and layout go to it as they are; every other
     accepted form (int64 ids, strided, int32 offsets, lists, float64 weights and grads,
-    Fortran order, a read-only mapping) is converted first: both give the same bits."""
+    Fortran order, a read-only mapping, big-endian arrays, an explicit None for weights) is
+    converted first: both give the same bits."""
     group, twins = _group()
     canonical_twin = embstore.TableGroup(twins)
     for _ in range(4):

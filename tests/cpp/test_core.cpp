@@ -627,15 +627,16 @@ TEST_CASE(resolution_gives_back_a_large_batchs_buffers) {
   r.keys.resize(big);
   r.places.resize(big);
   r.order.resize(big);
+  r.planned = true;
   r.shrink_if_oversized();  // sized to fit: kept
   CHECK(r.keys.capacity() >= big && r.places.capacity() >= big && r.order.capacity() >= big);
   r.keys.resize(small);
   r.places.resize(small);
-  r.order.clear();  // (a lock-free lookup plans nothing)
+  r.planned = false;  // a lock-free lookup's: the stale plan goes too
   r.shrink_if_oversized();
   CHECK(r.keys.size() == small && r.keys.capacity() < 2 * small);
   CHECK(r.places.size() == small && r.places.capacity() < 2 * small);
-  CHECK(r.order.capacity() < 2 * small);
+  CHECK(r.order.empty() && r.order.capacity() < 2 * small);
   r.keys.resize(RowResolution::kShrinkAbove / 4);  // small buffers are left alone
   r.keys.reserve(RowResolution::kShrinkAbove);
   r.shrink_if_oversized();
