@@ -436,3 +436,50 @@ def test_w3_runner_reports_throughput_latency_and_contention_per_k() -> None:
         assert " / " in fwd and int(calls) > 0 and int(redone) >= 0
         assert int(waits.split(" (")[0]) >= 0 and waits.endswith(" ms)")
         assert apply == "-" if k == "1" else " / " in apply  # K=1 runs forward callers only
+
+
+def test_churn_and_readonly_runner_reports_w2_and_interleaved_w4() -> None:
+    """bench/churn_and_readonly.py at a small size (a batch's distinct ids fit in U/4):
+    W2's step against the same run's W1 step, its hit rate and RSS; W4's latency,
+    throughput and miss rate (about the 10% of ids left out of the warm-up), and with torch
+    installed the ratio to torch's forward with the range of its per-round ratios over the
+    interleaved rounds."""
+    root = Path(__file__).resolve().parents[1]
+    args = ["--tables", "2", "--universe", "20000", "--batches", "12", "--w4-rounds", "2"]
+    out = subprocess.run(
+        [sys.executable, str(root / "bench" / "churn_and_readonly.py"), *args],
+        check=False,  # the embstore this test imports (installed, or PYTHONPATH=src)
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    w2 = next(line for line in out.stdout.splitlines() if line.startswith("W2 "))
+    w4 = next(line for line in out.stdout.splitlines() if line.startswith("W4 "))
+    step = float(w2.split("step median ")[1].split(" ms")[0])
+    ratio = float(w2.split(" ms = ")[1].split("x the W1 step")[0])
+    hit_rate = float(w2.split("hit rate ")[1].split(",")[0])
+    assert step > 0 and ratio > 0 and 0 < hit_rate < 1  # capacity U/4: some ids miss
+    assert "RSS after batch 12 " in w2 and w2.endswith(" MiB")
+    p50 = float(w4.split("P50 ")[1].split(" ms")[0])
+    p99 = float(w4.split("P99 ")[1].split(" ms")[0])
+    miss_rate = float(w4.rsplit("miss rate ", 1)[1])
+    assert 0 < p50 <= p99 and 0.02 < miss_rate < 0.3
+    if "torch not installed" in w4:
+        return
+    versus = float(w4.split(" = ")[1].split("x torch's")[0])
+    low, high = (float(x) for x in w4.split("per round ")[1].split("x over")[0].split("-"))
+    assert versus > 0 and 0 < low <= high
+    assert "over 2 interleaved rounds" in w4
+
+
+def test_churn_and_readonly_runner_rejects_no_rounds() -> None:
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, str(root / "bench" / "churn_and_readonly.py"), "--w4-rounds", "0"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "--w4-rounds must be at least 1" in out.stderr
