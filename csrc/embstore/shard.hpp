@@ -120,6 +120,7 @@ class AtomicBitmap {
   bool test(uint32_t i) const noexcept {
     return (__atomic_load_n(words_.get() + i / 64, __ATOMIC_RELAXED) >> (i % 64)) & 1;
   }
+  void prefetch(uint32_t i) const noexcept { __builtin_prefetch(words_.get() + i / 64); }
   size_t bytes() const noexcept { return words_.size() * sizeof(uint64_t); }
 
  private:
@@ -282,6 +283,11 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   void mark_dirty(uint32_t row) noexcept { dirty_.set(row); }
   bool dirty(uint32_t row) const noexcept { return dirty_.test(row); }
   void clear_dirty(uint32_t row) noexcept { dirty_.clear(row); }
+  // Prefetches the words of the row's reference and dirty bits (an update sets both).
+  void prefetch_update_bits(uint32_t row) const noexcept {
+    ref_bits_.prefetch(row);
+    dirty_.prefetch(row);
+  }
 
   // ---- checkpoint snapshot state (see the file comment and snapshot.hpp) ----
   uint64_t snapshot_gen() const noexcept { return snap_gen_; }
