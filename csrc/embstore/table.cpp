@@ -36,7 +36,12 @@ constexpr size_t kBagsPerPoolTask = 256;  // locked path's pooling task: ~32-256
 // six alternated rounds: W1 D=32 forward 0.82-0.89x at L=8 and 0.87-0.90x at L=1, W4
 // 0.89-1.00x (24/12: forward 0.85-0.93x; 32/20 and 40/20 as 32/16; 48/24 and 64/32:
 // 0.84-0.89x; 12/6 and 16/12: 1.10-1.23x). On the AMD EPYC VM of the earlier runs, 32/16 had
-// measured 10-20% slower than 16/8 on the forward.
+// measured 10-20% slower than 16/8 on the forward. On the AMD EPYC (Zen 4) VM of 2026-11-26,
+// W4 at 1 thread, separate builds alternated: 32/16 0.74-0.81 ms, 16/8 0.78-0.96 ms; 48/24
+// and 64/32 no better than 32/16. There the kernel waits on its own prefetches (cpu-clock:
+// 57% of its samples on the row's second-line prefetch): it keeps about 4 lines per id in
+// flight (2 of index, 2 of row), and prefetching one index line, or (D=32) the rows into L2,
+// measured slower or the same.
 constexpr uint32_t kReadSlotAhead = 32;
 constexpr uint32_t kReadRowAhead = 16;
 // The locked kernels (lookups that insert, the apply) keep 16/8: 32/16 there gained nothing
