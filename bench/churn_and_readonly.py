@@ -79,19 +79,25 @@ def w1_reference_steps(
 W4_ROUNDS = 5
 
 
+#: A W4 peer: ``enter`` readies it for a pass (untimed), ``run`` does one forward.
+Forward = tuple[Callable[[], None], Callable[[Batch], object]]
+
+
 def interleaved_rounds(
-    peers: dict[str, Callable[[Batch], object]], batches: list[Batch], rounds: int
+    peers: dict[str, Forward], batches: list[Batch], rounds: int
 ) -> dict[str, list[list[float]]]:
     """Seconds per call of each peer over ``batches``, by round: after one untimed pass per
     peer, each round runs every peer over all the batches in turn, the order reversed on
     odd rounds (so no peer always follows the same one)."""
-    for run in peers.values():
+    for enter, run in peers.values():
+        enter()
         for b in batches:
             run(b)
     times: dict[str, list[list[float]]] = {name: [] for name in peers}
     for r in range(rounds):
         for name in list(peers) if r % 2 == 0 else reversed(list(peers)):
-            run, lat = peers[name], []
+            (enter, run), lat = peers[name], []
+            enter()
             for b in batches:
                 a = time.perf_counter()
                 run(b)
@@ -102,29 +108,26 @@ def interleaved_rounds(
 
 def torch_forwards(
     tables: list[TableData], threads: int
-) -> tuple[dict[str, Callable[[Batch], object]], Callable[[], None]]:
-    """torch's dense ``embedding_bag`` forward at 1 and ``threads`` threads, as named
-    callables (each sets torch's thread count first), and a function that frees them; no
-    callables without torch."""
+) -> tuple[dict[str, Forward], Callable[[], None]]:
+    """torch's dense ``embedding_bag`` forward at 1 and ``threads`` threads, as named W4
+    peers (entering one sets torch's thread count), and a function that frees them; no
+    peers without torch."""
     if TorchEmbeddingBagPeer.unavailable() is not None:
         return {}, lambda: None
-    peer = TorchEmbeddingBagPeer(threads=None)  # one set of tables; threads set per call
+    peer = TorchEmbeddingBagPeer(threads=None)  # one set of tables; threads set per pass
     peer.setup(tables, 32)
     torch = import_torch()
-
-    def at(n: int) -> Callable[[Batch], object]:
-        def forward(b: Batch) -> object:
-            if torch.get_num_threads() != n:
-                set_torch_threads(torch, n)
-            return peer.forward(b)
-
-        return forward
-
     saved = int(torch.get_num_threads())
 
     def close() -> None:
         peer.close()
         set_torch_threads(torch, saved)
+
+    def at(n: int) -> Forward:
+        def enter() -> None:
+            set_torch_threads(torch, n)
+
+        return enter, peer.forward
 
     return {f"torch {n}T": at(n) for n in sorted({1, threads})}, close
 
@@ -213,7 +216,9 @@ def main() -> None:
     torch_peers, close_torch = torch_forwards(tables, args.threads)
     hits0, misses0 = counters(group, "hits"), counters(group, "misses")
     times = interleaved_rounds(
-        {"embstore": embstore_forward, **torch_peers}, wl4.batches, args.w4_rounds
+        {"embstore": (lambda: None, embstore_forward), **torch_peers},
+        wl4.batches,
+        args.w4_rounds,
     )
     close_torch()
     n_ids = sum(int(k.shape[0]) for k in wl4.batches[0].keys)

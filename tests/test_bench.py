@@ -404,20 +404,25 @@ def test_passes_flag(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixt
         assert "--passes" in capsys.readouterr().err
 
 
+def run_bench_script(name: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """Runs ``bench/<name>`` with ``args`` under this interpreter (so with the embstore this
+    test imports: installed, or PYTHONPATH=src), capturing its output."""
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run(
+        [sys.executable, str(root / "bench" / name), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def test_w3_runner_reports_throughput_latency_and_contention_per_k() -> None:
     """bench/w3_callers.py at a tiny size: one row per K with the median ids/s of its
     interleaved rounds and their range, each call type's P50 / P99, and the contention
     columns (calls, read tasks redone, lock waits)."""
-    root = Path(__file__).resolve().parents[1]
     args = ["--tables", "2", "--universe", "4096", "--seconds", "0.4", "--rounds", "2"]
-    args += ["--threads", "1,2"]
-    out = subprocess.run(
-        [sys.executable, str(root / "bench" / "w3_callers.py"), *args],
-        check=False,  # the embstore this test imports (installed, or PYTHONPATH=src)
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_bench_script("w3_callers.py", *args, "--threads", "1,2")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     header = next(line for line in lines if line.startswith("| K |"))
@@ -444,15 +449,8 @@ def test_churn_and_readonly_runner_reports_w2_and_interleaved_w4() -> None:
     throughput and miss rate (about the 10% of ids left out of the warm-up), and with torch
     installed the ratio to torch's forward with the range of its per-round ratios over the
     interleaved rounds."""
-    root = Path(__file__).resolve().parents[1]
     args = ["--tables", "2", "--universe", "20000", "--batches", "12", "--w4-rounds", "2"]
-    out = subprocess.run(
-        [sys.executable, str(root / "bench" / "churn_and_readonly.py"), *args],
-        check=False,  # the embstore this test imports (installed, or PYTHONPATH=src)
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_bench_script("churn_and_readonly.py", *args)
     assert out.returncode == 0, out.stderr
     w2 = next(line for line in out.stdout.splitlines() if line.startswith("W2 "))
     w4 = next(line for line in out.stdout.splitlines() if line.startswith("W4 "))
@@ -474,12 +472,5 @@ def test_churn_and_readonly_runner_reports_w2_and_interleaved_w4() -> None:
 
 
 def test_churn_and_readonly_runner_rejects_no_rounds() -> None:
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run(
-        [sys.executable, str(root / "bench" / "churn_and_readonly.py"), "--w4-rounds", "0"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_bench_script("churn_and_readonly.py", "--w4-rounds", "0", timeout=60)
     assert out.returncode == 2 and "--w4-rounds must be at least 1" in out.stderr

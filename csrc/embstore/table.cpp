@@ -215,18 +215,17 @@ void validate_finite(const float* x, size_t count, const char* name, const std::
   }
 }
 
+// Locality hint of a prefetch into L2 only (prefetcht2), for a loop that would otherwise
+// stall on its own prefetches (apply_shard's update pass); 3 (the default) is into L1.
+constexpr int kToL2 = 1;
+
 // Prefetches every cache line of [p, p + bytes), for reading or (kForWrite) for writing.
-template <int kForWrite = 0>
+template <int kForWrite = 0, int kLocality = 3>
 inline void prefetch_lines(const void* p, size_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (size_t off = 0; off < bytes; off += kCacheLine) __builtin_prefetch(c + off, kForWrite);
-}
-
-// Prefetches every cache line of [p, p + bytes) into L2 only (prefetcht2), for a loop that
-// would otherwise stall on its own prefetches (apply_shard's update pass).
-inline void prefetch_lines_to_l2(const void* p, size_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (size_t off = 0; off < bytes; off += kCacheLine) __builtin_prefetch(c + off, 0, 1);
+  for (size_t off = 0; off < bytes; off += kCacheLine) {
+    __builtin_prefetch(c + off, kForWrite, kLocality);
+  }
 }
 
 size_t choose_workers(size_t total_ids, size_t max_threads) {
@@ -1260,7 +1259,7 @@ struct BatchRunner {
       if (k + kRowAhead < num_unique) {
         const uint32_t ahead = unique[k + kRowAhead];
         if (to_l2) {
-          prefetch_lines_to_l2(t.row_ptr(sh, ahead), row_bytes);
+          prefetch_lines<0, kToL2>(t.row_ptr(sh, ahead), row_bytes);
           sh.prefetch_update_bits(ahead);
         } else {
           prefetch_lines(t.row_ptr(sh, ahead), row_bytes);
