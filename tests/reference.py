@@ -460,7 +460,8 @@ class ReferenceTable:
         self.state: dict[int, RowState] = {}
         self.slot_of: dict[int, int] = {}
         self.slot_key: dict[int, int] = {}
-        self.ref: dict[int, bool] = {}
+        self.ref: dict[int, bool] = {}  # CLOCK reference bit, by slot
+        self.read_mark: dict[int, bool] = {}  # mark of a lookup that cannot insert, by slot
         self.free: list[int] = []  # LIFO stack of erased slots
         self.bump = 0  # slots [0, bump) have been allocated at least once
         self.hand = 0
@@ -504,9 +505,11 @@ class ReferenceTable:
         row = self.weights.get(int(key) % M64)
         return None if row is None else row.copy()
 
-    def ring(self) -> list[tuple[int, int, bool]]:
-        """(slot, id, reference bit) of every occupied slot, for debugging messages."""
-        return [(s, self.slot_key[s], self.ref[s]) for s in sorted(self.slot_key)]
+    def ring(self) -> list[tuple[int, int, bool, bool]]:
+        """(slot, id, reference bit, read mark) of every occupied slot, for debugging."""
+        return [
+            (s, self.slot_key[s], self.ref[s], self.read_mark[s]) for s in sorted(self.slot_key)
+        ]
 
     def initial_values(self, keys: object) -> F32Array:
         """The initializer rows of ``keys``."""
@@ -533,19 +536,23 @@ class ReferenceTable:
         self.slot_key[slot] = key
         self.slot_of[key] = slot
         self.ref[slot] = True
+        self.read_mark[slot] = False
         self.weights[key] = row.copy()
         self.state[key] = fresh_state(self.optimizer, self.dim)
         self.last_step[key] = self.step
         self.inserts += 1
 
     def _clock_victim(self, pinned: set[int]) -> int:
-        for _ in range(2 * self.capacity + 1):
+        for _ in range(3 * self.capacity + 1):
             slot = self.hand
             self.hand = (self.hand + 1) % self.capacity
             if self.slot_key[slot] in pinned:
                 continue
-            if self.ref[slot]:
+            if self.ref[slot]:  # the bit first, the read mark the next time round
                 self.ref[slot] = False
+                continue
+            if self.read_mark[slot]:
+                self.read_mark[slot] = False
                 continue
             return slot
         msg = "every row is pinned"
@@ -562,7 +569,10 @@ class ReferenceTable:
             slot = self.slot_of.get(k)
             if slot is not None:
                 self.hits += 1
-                self.ref[slot] = True
+                if insert:
+                    self.ref[slot] = True
+                else:
+                    self.read_mark[slot] = True
                 self.last_step[k] = self.step
                 out[i] = self.weights[k]
                 continue
@@ -654,6 +664,7 @@ class ReferenceTable:
         del self.state[key]
         del self.last_step[key]
         self.ref[slot] = False
+        self.read_mark[slot] = False
         self.free.append(slot)
 
     def _update(self, key: int, g: F32Array) -> None:

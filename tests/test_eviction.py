@@ -177,6 +177,25 @@ def test_read_only_hit_sets_bit_and_miss_does_not() -> None:
     assert_same_state(t, ref, u64([1, 2, 3, 4, 5, 9]))
 
 
+def test_read_mark_gives_a_second_chance_of_its_own() -> None:
+    """A read-only hit marks the row in its index slot, apart from its reference bit: the
+    hand clears the bit on one pass and the mark on the next, so a row with both survives
+    two passes (with one bit it would have been the victim on the second)."""
+    t, ref = Config(dim=2, capacity=2, num_shards=1).pair()
+    script: list[tuple[list[int], bool]] = [
+        ([0, 1], True),  # both bits set
+        ([0], False),  # 0 also read-marked
+        ([2], True),  # 0: bit cleared, 1: bit cleared, 0: mark cleared, 1: victim
+        ([3], True),  # hand at 0: nothing set -> victim
+    ]
+    present = []
+    for keys, insert in script:
+        assert_rows_equal(t.lookup(u64(keys), insert=insert), ref.lookup(u64(keys), insert=insert))
+        present.append(_present(t, u64([0, 1, 2, 3])))
+    assert present[2:] == [{0, 2}, {2, 3}]
+    assert_same_state(t, ref, u64([0, 1, 2, 3]))
+
+
 def test_training_lookup_bits_hold_when_another_lookup_comes_first() -> None:
     """A training lookup of present ids reads lock-free and leaves its reference bits to the
     apply that takes its rows; when another lookup replaces it first, its bits are set
@@ -467,7 +486,7 @@ def test_reference_model_sanity() -> None:
     ref.lookup(u64([4]))
     assert ref.keys() == [4, 2, 3]
     assert ref.hand == 1
-    assert [r for _, _, r in ref.ring()] == [True, False, False]
+    assert [(r, m) for _, _, r, m in ref.ring()] == [(True, False), (False, False), (False, False)]
     ref.erase(u64([2]))
     ref.lookup(u64([9]))
     assert ref.keys() == [4, 9, 3]

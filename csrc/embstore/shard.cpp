@@ -75,7 +75,7 @@ uint32_t Shard::unlink_and_free(uint64_t id, uint64_t hash) {
   const uint32_t pos = find_slot(id, hash);
   Slot& s = slots_.get()[pos];
   if (s.row_plus1 == 0) return kNoRow;
-  const uint32_t row = s.row_plus1 - 1;
+  const uint32_t row = s.row();
   note_removed(row);  // first: may allocate (and throw) before anything changes
   erase_slot(pos);
   release_row(row);
@@ -110,11 +110,11 @@ uint32_t Shard::claim_unused_row() noexcept {
 
 uint32_t Shard::clock_victim(uint64_t max_steps) noexcept {
   if (used_ == 0) return kNoRow;
-  // Two sweeps clear every reference bit, so a third finding nothing means all are pinned.
-  // Lock-free lookups set reference bits without the lock, so while they run they can set
-  // bits again behind the hand; then the first evictable row of the sweep is taken rather
-  // than failing (alone, the sweep always finds a clear bit first: exact CLOCK).
-  const uint64_t sweep = 2 * static_cast<uint64_t>(used_) + 1;
+  // Three sweeps clear every reference bit and read mark, so a fourth finding nothing means
+  // all are pinned. Lock-free lookups set bits and marks without the lock, so while they
+  // run they can set them again behind the hand; then the first evictable row of the sweep
+  // is taken rather than failing (alone, the sweep always finds a clear row first).
+  const uint64_t sweep = 3 * static_cast<uint64_t>(used_) + 1;
   uint32_t first_evictable = kNoRow;
   for (uint64_t step = 0; step < sweep; ++step) {
     if (step == max_steps) return kRetry;
@@ -125,6 +125,14 @@ uint32_t Shard::clock_victim(uint64_t max_steps) noexcept {
     if (first_evictable == kNoRow) first_evictable = row;
     if (referenced(row)) {
       unreference(row);
+      continue;
+    }
+    // The slot's read mark, only now: reading it takes a probe, which evict() then repeats
+    // from cache (and likely_victim has prefetched the slot).
+    const RowMeta& m = meta(row);
+    uint32_t& rp1 = slots_.get()[find_slot(m.id, mix64(m.id))].row_plus1;
+    if ((__atomic_load_n(&rp1, __ATOMIC_RELAXED) & kReadMark) != 0) {
+      __atomic_fetch_and(&rp1, kRowPlus1Bits, __ATOMIC_RELAXED);  // readers may mark meanwhile
       continue;
     }
     return row;

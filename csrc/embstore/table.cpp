@@ -97,10 +97,10 @@ uint32_t shard_quota(size_t share, size_t num_shards) {
 // sigma, so 4 sigma + 32 rarely binds, and when it does the shard just evicts early (quotas
 // keep len <= capacity either way). The slack is kept small because its pages become
 // resident once neighbouring shards touch their huge pages (6 sigma cost ~13 B/row of RSS).
-uint32_t shard_rows(size_t share, size_t num_shards, size_t capacity) {
+size_t shard_rows(size_t share, size_t num_shards, size_t capacity) {
   size_t rows = share;
   if (num_shards > 1) rows += static_cast<size_t>(4.0 * std::sqrt(static_cast<double>(share))) + 32;
-  return static_cast<uint32_t>(std::min(rows, capacity));
+  return std::min(rows, capacity);
 }
 
 std::string prefix(const std::string& label) {
@@ -612,7 +612,11 @@ struct BatchRunner {
       const size_t s = shards[j % kRing];
       if (!kAllNoted && !versions.note(s)) return false;
       const Table::ShardView& view = views[s];
-      const uint32_t row = view.index.find_optimistic_at(r.keys[j], homes[j % kRing]);
+      // A lookup that cannot insert read-marks its rows' slots (see kReadMark).
+      const uint64_t id = r.keys[j];
+      const uint32_t home = homes[j % kRing];
+      const uint32_t row = r.insert ? view.index.find_optimistic_at(id, home)
+                                    : view.index.find_optimistic_at<true>(id, home);
       if (__builtin_expect(row >= kRetry, 0)) {
         if (row == kRetry) return false;
         if (r.insert) {
@@ -628,7 +632,6 @@ struct BatchRunner {
       prefetch_lines(src, dim * sizeof(float));
       rows[j % kRing] = src;
       places[j] = RowResolution::place(s, row);
-      if (!r.insert) AtomicBitmap::set(view.reference_words, row);  // see finish_reads
       return true;
     };
     // Advances the pipeline to id j: returns id j's row, or nullptr to abort. Ids below
@@ -694,19 +697,19 @@ struct BatchRunner {
           return zeros;
         }
         places[j] = RowResolution::place(s, row);
-        if (!r.insert) sh.reference(row);  // see finish_reads
         return scratch.data();
       };
       for (int attempt = 0; attempt < kAttempts; ++attempt) {
         const uint64_t v = sh.read_begin();
         if ((v & 1) != 0) break;  // a writer is inside: wait for it on the lock
-        const uint32_t row = sh.find_optimistic(id, hash);
+        const uint32_t row = r.insert ? sh.find_optimistic(id, hash)
+                                      : sh.find_optimistic<true>(id, hash);  // see probe
         if (row == kRetry) continue;
         if (row != kNoRow) copy_row<0>(scratch.data(), t.row_ptr(sh, row), dim);
         if (sh.read_valid(v)) return found(row);
       }
       const auto lock = sh.lock();
-      const uint32_t row = sh.find(id, hash);
+      const uint32_t row = r.insert ? sh.find(id, hash) : sh.find_and_mark(id, hash);
       if (row != kNoRow) copy_row<0>(scratch.data(), t.row_ptr(sh, row), dim);
       return found(row);
     };
@@ -783,10 +786,10 @@ struct BatchRunner {
 
   // Ends the optimistic pass of request r, read by tasks[0, count), if it completed: counts
   // its hits and misses and (a training lookup) keeps its rows for the apply (every id was a
-  // hit: each has its place). A lookup that cannot insert set its rows' CLOCK reference bits
-  // as it read them. One that may insert set none: it stops at its first missing id, and
-  // bits its parallel tasks had set by then would depend on the thread count, and with them
-  // which rows the locked path's inserts evict. Its kept resolution owes them instead
+  // hit: each has its place). A lookup that cannot insert read-marked its rows' slots as it
+  // read them (see kReadMark). One that may insert set no bit: it stops at its first missing
+  // id, and bits its parallel tasks had set by then would depend on the thread count, and
+  // with them which rows the locked path's inserts evict. Its kept resolution owes them instead
   // (RowResolution::refs_pending): the apply that takes it sets them as it updates the rows,
   // which spares the forward a bitmap load per id (W1 D=32 forward 0.91-0.96x).
   static void finish_reads(Table& t, const LookupSumRequest& r, const ReadTask* tasks,
@@ -891,10 +894,11 @@ struct BatchRunner {
       if (j + kSlotAhead < e) sh.prefetch(mix64(keys[ws.order[j + kSlotAhead]]));
       const uint64_t id = keys[ws.order[j]];
       const uint64_t hash = mix64(id);
-      uint32_t row = sh.find(id, hash);
+      // A lookup that cannot insert read-marks its rows' slots (see kReadMark).
+      uint32_t row = insert ? sh.find(id, hash) : sh.find_and_mark(id, hash);
       if (row != kNoRow) {
         ++hits;
-        sh.reference(row);
+        if (insert) sh.reference(row);
         if (track) t.touch_step(s, row, step, cow);
       } else {
         ++misses;
@@ -1354,8 +1358,9 @@ Table::Table(const TableConfig& config)
                                 ") must not exceed capacity (" +
                                 std::to_string(config_.capacity) + ")");
   }
-  if (config_.capacity / S >= kNoRow - 1) {
-    throw std::invalid_argument("capacity per shard must be < 2^32; use more shards");
+  if (shard_rows(config_.capacity / S + 1, S, config_.capacity) > kMaxShardRows) {
+    throw std::invalid_argument(
+        "capacity per shard (with its slack) must be < 2^31 - 1; use more shards");
   }
   if (config_.num_threads == 0) config_.num_threads = ThreadPool::hardware_threads();
   unsigned bits = 0;
@@ -1366,7 +1371,7 @@ Table::Table(const TableConfig& config)
   size_t total_rows = 0, total_quota = 0;
   for (size_t s = 0; s < S; ++s) {
     const size_t share = config_.capacity / S + (s < config_.capacity % S ? 1 : 0);
-    rows[s] = shard_rows(share, S, config_.capacity);
+    rows[s] = static_cast<uint32_t>(shard_rows(share, S, config_.capacity));
     quotas[s] = shard_quota(share, S);
     total_rows += rows[s];
     total_quota += quotas[s];

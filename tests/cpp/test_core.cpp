@@ -351,7 +351,8 @@ class RefTable {
   RefTable(size_t dim, OptimizerConfig opt, InitializerConfig init, size_t capacity = 0,
            Eviction eviction = Eviction::kClock)
       : dim_(dim), opt_(opt), init_(init), capacity_(capacity), eviction_(eviction),
-        slot_id_(capacity), occupied_(capacity, false), ref_(capacity, false) {}
+        slot_id_(capacity), occupied_(capacity, false), ref_(capacity, false),
+        read_mark_(capacity, false) {}
 
   uint64_t hits = 0, misses = 0, inserts = 0, evictions = 0, erased = 0;
 
@@ -370,7 +371,11 @@ class RefTable {
       const uint64_t id = keys[i];
       if (has(id)) {
         ++hits;
-        touch(id);
+        if (insert) {
+          touch(id);
+        } else if (capacity_ != 0) {
+          read_mark_[slot_of_.at(id)] = true;  // a read-only hit marks the slot, not the bit
+        }
       } else {
         ++misses;
         if (!insert) continue;
@@ -464,6 +469,7 @@ class RefTable {
         slot_of_.erase(id);
         occupied_[slot] = false;
         ref_[slot] = false;
+        read_mark_[slot] = false;
         free_.push_back(slot);
       }
       ++removed;
@@ -501,6 +507,7 @@ class RefTable {
       slot_id_[slot] = id;
       occupied_[slot] = true;
       ref_[slot] = true;
+      read_mark_[slot] = false;
       slot_of_[id] = slot;
     }
     Row r;
@@ -511,12 +518,16 @@ class RefTable {
   }
 
   size_t victim(const std::set<uint64_t>& pinned) {
-    for (size_t step = 0; step < 2 * capacity_ + 1; ++step) {
+    for (size_t step = 0; step < 3 * capacity_ + 1; ++step) {
       const size_t slot = hand_;
       hand_ = (hand_ + 1) % capacity_;
       if (!occupied_[slot] || pinned.count(slot_id_[slot])) continue;
-      if (ref_[slot]) {
+      if (ref_[slot]) {  // the bit first, the read mark the next time round
         ref_[slot] = false;
+        continue;
+      }
+      if (read_mark_[slot]) {
+        read_mark_[slot] = false;
         continue;
       }
       return slot;
@@ -545,7 +556,7 @@ class RefTable {
   std::map<uint64_t, Row> rows_;
   // CLOCK ring (capacity_ != 0)
   std::vector<uint64_t> slot_id_;
-  std::vector<bool> occupied_, ref_;
+  std::vector<bool> occupied_, ref_, read_mark_;
   std::map<uint64_t, size_t> slot_of_;
   std::vector<size_t> free_;
   size_t bump_ = 0, hand_ = 0;
@@ -1409,6 +1420,9 @@ TEST_CASE(bad_configuration_throws) {
   CHECK_THROWS(std::invalid_argument, Table(config(4, 16, 3)));   // not a power of two
   CHECK_THROWS(std::invalid_argument, Table(config(4, 16, 32)));  // more shards than rows
   CHECK_THROWS(std::invalid_argument, Table(config(4, 1 << 20, 8192)));
+  // A slot's row + 1 has 31 bits (the top one is its read mark): checked before allocating.
+  CHECK_THROWS(std::invalid_argument, Table(config(4, size_t{1} << 31, 1)));
+  CHECK_THROWS(std::invalid_argument, Table(config(4, size_t{1} << 32, 2)));
   // Defaults: shards chosen from capacity (a power of two), threads >= 1.
   TableConfig c = config(4, 4096, 0);
   c.num_threads = 0;
