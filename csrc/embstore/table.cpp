@@ -68,7 +68,8 @@ static_assert(kPlacedRowAhead < kRing);
 // measured the same on the backward.)
 constexpr uint32_t kInputAhead = 2 * kSlotAhead;
 // An apply's update pass over at least kLongUpdate rows of a shard, or over rows wider than
-// kWideRowBytes (weights + state), prefetches its rows into L2 (see apply_shard).
+// kWideRowBytes (weights + state), prefetches its rows into L2, a shorter one into L1 (see
+// apply_shard).
 constexpr uint32_t kLongUpdate = 64;
 constexpr size_t kWideRowBytes = 256;
 
@@ -1254,20 +1255,23 @@ struct BatchRunner {
     // 32% of the W1 D=32 L=8 apply's samples on those prefetches (into L1): with 8 rows of
     // 4-16 lines in flight the loop waits on its own prefetches, likely for L1 miss buffers.
     // A long pass (W1 L=8: ~100 rows per shard) or wide rows (D >= 64 with Adagrad) prefetch
-    // into L2 instead, with the words of each row's reference and dirty bits. In-process A/B,
-    // 2 threads, backward time: D=32 L=8 0.95x, D=64 L=8 0.95x, D=128 L=8 0.81x, D=64 L=1
-    // 0.89x, D=128 L=1 0.88x. A short pass of narrow rows (W1 D=32 L=1: ~18 rows per shard)
-    // keeps L1 prefetches: into L2 it measured 1.02-1.12x there.
+    // into L2 instead. In-process A/B, 2 threads, backward time: D=32 L=8 0.95x, D=64 L=8
+    // 0.95x, D=128 L=8 0.81x, D=64 L=1 0.89x, D=128 L=1 0.88x. A short pass of narrow rows
+    // (W1 D=32 L=1: ~18 rows per shard) keeps L1 prefetches: into L2 it measured 1.02-1.12x
+    // there. Either way the words of each row's reference and dirty bits are prefetched too:
+    // in the short pass their loads had 14% of W1 D=32 L=1's step samples (backward with the
+    // prefetch, in-process A/Bs: 0.89-0.93x in five of seven at 2 threads, 0.99x and 1.01x in
+    // two disturbed passes; 1 thread 0.92x; L=2 0.88x).
     const bool to_l2 = num_unique >= kLongUpdate || row_bytes > kWideRowBytes;
     for (uint32_t k = 0; k < num_unique; ++k) {
       if (k + kRowAhead < num_unique) {
         const uint32_t ahead = unique[k + kRowAhead];
         if (to_l2) {
           prefetch_lines<0, kToL2>(t.row_ptr(sh, ahead), row_bytes);
-          sh.prefetch_update_bits(ahead);
         } else {
           prefetch_lines(t.row_ptr(sh, ahead), row_bytes);
         }
+        sh.prefetch_update_bits(ahead);
       }
       const uint32_t row = unique[k];
       if (cow) t.preserve(s, row);
