@@ -102,6 +102,9 @@ def test_stats_keys_and_values() -> None:
         ({"num_shards": 6}, "num_shards"),
         ({"num_shards": 0}, "num_shards"),
         ({"eviction": "lru"}, "eviction"),
+        # An index slot keeps row + 1 in 31 bits; a table's rows are numbered in 32 bits.
+        ({"capacity": 2**31, "num_shards": 1}, "capacity per shard"),
+        ({"capacity": 2**33, "num_shards": 4096}, "capacity"),
     ],
 )
 def test_bad_configuration(kwargs: dict[str, Any], name: str) -> None:

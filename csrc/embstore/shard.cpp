@@ -43,7 +43,7 @@ Shard::Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota, void* memory
 void Shard::link(uint64_t id, uint64_t hash, uint32_t row, uint32_t step) noexcept {
   Slot& s = slots_.get()[find_slot(id, hash)];
   s.id = id;
-  s.row_plus1 = row + 1;
+  s.store_row_plus1(row + 1);
   RowMeta& m = meta(row);
   m.id = id;
   m.aux = kNoRow;
@@ -61,20 +61,21 @@ void Shard::erase_slot(uint32_t hole) noexcept {
   Slot* slots = slots_.get();
   // Backward-shift deletion: move later entries of the probe run into the hole unless their
   // home lies cyclically in (hole, pos], so no tombstones ever accumulate.
-  for (uint32_t pos = next(hole); slots[pos].row_plus1 != 0; pos = next(pos)) {
+  for (uint32_t pos = next(hole); !slots[pos].empty(); pos = next(pos)) {
     const uint32_t h = home(mix64(slots[pos].id));
     const bool stays = hole <= pos ? (hole < h && h <= pos) : (hole < h || h <= pos);
     if (stays) continue;
-    slots[hole] = slots[pos];
+    slots[hole].id = slots[pos].id;
+    slots[hole].store_row_plus1(slots[pos].load_row_plus1());  // the read mark moves too
     hole = pos;
   }
-  slots[hole].row_plus1 = 0;
+  slots[hole].store_row_plus1(0);
 }
 
 uint32_t Shard::unlink_and_free(uint64_t id, uint64_t hash) {
   const uint32_t pos = find_slot(id, hash);
   Slot& s = slots_.get()[pos];
-  if (s.row_plus1 == 0) return kNoRow;
+  if (s.empty()) return kNoRow;
   const uint32_t row = s.row();
   note_removed(row);  // first: may allocate (and throw) before anything changes
   erase_slot(pos);
@@ -130,9 +131,10 @@ uint32_t Shard::clock_victim(uint64_t max_steps) noexcept {
     // The slot's read mark, only now: reading it takes a probe, which evict() then repeats
     // from cache (and likely_victim has prefetched the slot).
     const RowMeta& m = meta(row);
-    uint32_t& rp1 = slots_.get()[find_slot(m.id, mix64(m.id))].row_plus1;
-    if ((__atomic_load_n(&rp1, __ATOMIC_RELAXED) & kReadMark) != 0) {
-      __atomic_fetch_and(&rp1, kRowPlus1Bits, __ATOMIC_RELAXED);  // readers may mark meanwhile
+    Slot& slot = slots_.get()[find_slot(m.id, mix64(m.id))];
+    if ((slot.load_row_plus1() & kReadMark) != 0) {
+      // Atomic: lock-free readers may mark the slot meanwhile.
+      __atomic_fetch_and(&slot.row_plus1, kRowPlus1Bits, __ATOMIC_RELAXED);
       continue;
     }
     return row;

@@ -85,7 +85,12 @@ struct Slot {
   uint64_t id;
   uint32_t row_plus1;  // 0: empty; else (row + 1), with kReadMark when read-marked
 
-  uint32_t row() const noexcept { return (row_plus1 & kRowPlus1Bits) - 1; }
+  // row_plus1 is read and written with relaxed atomics (plain moves on x86): lock-free
+  // lookups mark it with a compare-and-swap while writers hold the shard lock.
+  uint32_t load_row_plus1() const noexcept { return __atomic_load_n(&row_plus1, __ATOMIC_RELAXED); }
+  void store_row_plus1(uint32_t v) noexcept { __atomic_store_n(&row_plus1, v, __ATOMIC_RELAXED); }
+  bool empty() const noexcept { return load_row_plus1() == 0; }
+  uint32_t row() const noexcept { return (load_row_plus1() & kRowPlus1Bits) - 1; }
 };
 #pragma pack(pop)
 static_assert(sizeof(Slot) == 12, "Slot is packed to 12 bytes");
@@ -262,7 +267,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // Lock-free probe (may race with a writer: the caller validates with read_valid). Returns
   // the row, kNoRow when absent, or kRetry when the index looked inconsistent.
   template <bool kMark = false>
-  uint32_t find_optimistic(uint64_t id, uint64_t hash) const noexcept {
+  uint32_t find_optimistic(uint64_t id, uint64_t hash) noexcept {
     return index_view().find_optimistic<kMark>(id, hash);
   }
   // Takes the shard lock, counting (and timing) the acquisitions that have to wait: the
@@ -285,12 +290,12 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // Row (shard-local) of `id`, or kNoRow. `hash` is mix64(id).
   uint32_t find(uint64_t id, uint64_t hash) const noexcept {
     const Slot& s = slots_.get()[find_slot(id, hash)];
-    return s.row_plus1 == 0 ? kNoRow : s.row();
+    return s.empty() ? kNoRow : s.row();
   }
   // find for a lookup that does not insert: a hit read-marks its slot (see kReadMark).
   uint32_t find_and_mark(uint64_t id, uint64_t hash) noexcept {
     Slot& s = slots_.get()[find_slot(id, hash)];
-    const uint32_t rp1 = __atomic_load_n(&s.row_plus1, __ATOMIC_RELAXED);
+    const uint32_t rp1 = s.load_row_plus1();
     if (rp1 == 0) return kNoRow;
     // Atomic: lock-free readers may mark the slot meanwhile.
     if ((rp1 & kReadMark) == 0) __atomic_fetch_or(&s.row_plus1, kReadMark, __ATOMIC_RELAXED);
@@ -392,7 +397,9 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // Prefetches the index slot where a probe for `hash` starts.
   void prefetch(uint64_t hash) const noexcept { index_view().prefetch(hash); }
   // The index as lock-free probes read it (its memory never moves).
-  IndexView index_view() const noexcept {  // (read marks are its only writes)
+  IndexView index_view() noexcept { return IndexView{slots_.get(), num_slots_, num_rows_}; }
+  // A view for probes that do not mark (read marks are an IndexView's only writes).
+  IndexView index_view() const noexcept {
     return IndexView{const_cast<Slot*>(slots_.get()), num_slots_, num_rows_};
   }
 
@@ -415,8 +422,10 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // first (the hand stays where it got to) and returns kRetry.
   uint32_t clock_victim(uint64_t max_steps = kUnlimitedSweep) noexcept;
   static constexpr uint64_t kUnlimitedSweep = ~uint64_t{0};
-  // The row clock_victim would take next if no bit changed meanwhile, looking at most
-  // `limit` rows past the hand and changing nothing; kNoRow if none is found there.
+  // The row clock_victim would take next if no bit changed meanwhile and its slot is not
+  // read-marked (the marks are not looked at: that would take a probe per row), looking at
+  // most `limit` rows past the hand and changing nothing; kNoRow if none is found there.
+  // Only a hint for prefetching.
   uint32_t likely_victim(uint32_t limit) const noexcept;
   // Rows the CLOCK hand has passed, ever. A call whose sweeps advance the hand by fewer rows
   // than the ring holds visits no row twice, so it evicts no row it referenced itself.
@@ -450,7 +459,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
     const Slot* slots = slots_.get();
     uint32_t pos = home(hash);
     // Terminates: there are always more slots than rows, so an empty slot exists.
-    while (slots[pos].row_plus1 != 0 && slots[pos].id != id) pos = next(pos);
+    while (!slots[pos].empty() && slots[pos].id != id) pos = next(pos);
     return pos;
   }
   void unreference(uint32_t row) noexcept { ref_bits_.clear(row); }

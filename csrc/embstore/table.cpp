@@ -1380,6 +1380,9 @@ Table::Table(const TableConfig& config)
     total_rows += rows[s];
     total_quota += quotas[s];
   }
+  if (total_rows >= kNoRow) {  // a shard's first row is a uint32
+    throw std::invalid_argument("capacity (with its per-shard slack) must be < 2^32 rows");
+  }
   pool_.store(config_.capacity - total_quota, std::memory_order_relaxed);
   const AdmissionConfig& adm = config_.admission;
   if (adm.enabled()) {

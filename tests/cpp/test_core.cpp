@@ -889,6 +889,101 @@ TEST_CASE(shard_clock_victim_and_pins) {
   for (int k = 0; k < 10; ++k) CHECK(sh.clock_victim() != 1);
 }
 
+TEST_CASE(shard_read_marks_move_with_their_ids_and_give_one_chance) {
+  Shard sh(0, 3, 3);
+  std::lock_guard<std::mutex> lock(sh.mutex());
+  const Ids ids = colliding_ids(4, false, 1);  // one probe run from slot 0
+  for (size_t k = 0; k < 3; ++k) sh.link(ids[k], mix64(ids[k]), sh.claim_unused_row(), 0);
+  CHECK(sh.find_and_mark(ids[2], mix64(ids[2])) == 2);
+  CHECK(sh.find_and_mark(99, mix64(99)) == kNoRow);  // a miss marks nothing
+  // Unlinking ids[0] shifts ids[1] and ids[2] back one slot: the mark must move along.
+  CHECK(sh.unlink_and_free(ids[0], mix64(ids[0])) == 0);
+  sh.link(ids[3], mix64(ids[3]), sh.claim_unused_row(), 0);  // takes row 0 again
+  CHECK(sh.find(ids[2], mix64(ids[2])) == 2);
+  CHECK(sh.clock_victim() == 0);  // clears every bit on the way; the hand is at 1
+  sh.reference(1);
+  CHECK(sh.clock_victim() == 0);  // 1: bit cleared; 2: mark cleared; 0: the victim
+  sh.reference(1);
+  CHECK(sh.clock_victim() == 2);  // 1: bit cleared; 2: nothing left
+}
+
+// A lock-free probe that marks, validated like the read kernel's (it races the writer by
+// design, so ThreadSanitizer must not instrument it): false if the shard's seqlock saw a
+// writer; else `wrong` tells whether the row found holds another id.
+EMBSTORE_NO_SANITIZE_THREAD bool marking_probe(Shard& sh, uint64_t id, bool& wrong) {
+  const uint64_t v = sh.read_begin();
+  if ((v & 1) != 0) return false;
+  const uint32_t row = sh.find_optimistic<true>(id, mix64(id));
+  if (row == kRetry) return false;
+  const uint64_t held = row == kNoRow ? id : sh.meta(row).id;
+  if (!sh.read_valid(v)) return false;
+  wrong = held != id;
+  return true;
+}
+
+TEST_CASE(shard_read_marks_racing_writers_never_break_the_index) {
+  constexpr uint32_t kRows = 48;
+  constexpr uint64_t kIds = 160;
+  Shard sh(0, kRows, kRows);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> validated{0}, wrong_rows{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 2; ++t) {
+    readers.emplace_back([&, t] {
+      std::mt19937_64 rng(1000 + t);
+      while (!stop.load(std::memory_order_relaxed)) {
+        bool wrong = false;
+        if (!marking_probe(sh, rng() % kIds, wrong)) continue;
+        validated.fetch_add(1, std::memory_order_relaxed);
+        if (wrong) wrong_rows.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  std::mt19937_64 rng(7);
+  uint64_t marks_seen = 0, violations = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int round = 0; round < 20000; ++round) {
+    if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(300)) break;
+    std::lock_guard<std::mutex> lock(sh.mutex());
+    {
+      Shard::WriteScope writing(sh);
+      for (int k = 0; k < 4; ++k) {  // erase (backward shift), insert, or evict by CLOCK
+        const uint64_t id = rng() % kIds, hash = mix64(id);
+        if (sh.find(id, hash) != kNoRow) {
+          sh.unlink_and_free(id, hash);
+        } else if (sh.has_unclaimed_row()) {
+          sh.link(id, hash, sh.claim_unused_row(), 0);
+        } else {
+          const uint32_t victim = sh.clock_victim();
+          sh.evict(victim);
+          sh.link(id, hash, victim, 0);
+        }
+      }
+    }
+    // Every linked slot names an occupied row holding its id; a mark never stands alone.
+    const IndexView index = sh.index_view();
+    uint32_t linked = 0;
+    for (uint32_t pos = 0; pos < index.num_slots; ++pos) {
+      const uint32_t rp1 = index.slots[pos].load_row_plus1();
+      if (rp1 == 0) continue;
+      ++linked;
+      marks_seen += (rp1 & kReadMark) != 0;
+      const uint32_t row = index.slots[pos].row();
+      if (rp1 == kReadMark || row >= kRows || !sh.occupied(row) ||
+          sh.meta(row).id != index.slots[pos].id) {
+        ++violations;
+      }
+    }
+    if (linked != sh.size()) ++violations;
+  }
+  stop.store(true);
+  for (std::thread& r : readers) r.join();
+  CHECK(violations == 0);
+  CHECK(wrong_rows.load() == 0);
+  CHECK(validated.load() > 0);
+  CHECK(marks_seen > 0);  // the readers did mark while the writer ran
+}
+
 // =======================================================================================
 // CLOCK on a one-shard table (docs/semantics.md "Eviction")
 // =======================================================================================
