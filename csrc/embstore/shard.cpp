@@ -133,8 +133,7 @@ uint32_t Shard::clock_victim(uint64_t max_steps) noexcept {
     const RowMeta& m = meta(row);
     Slot& slot = slots_.get()[find_slot(m.id, mix64(m.id))];
     if ((slot.load_row_plus1() & kReadMark) != 0) {
-      // Atomic: lock-free readers may mark the slot meanwhile.
-      __atomic_fetch_and(&slot.row_plus1, kRowPlus1Bits, __ATOMIC_RELAXED);
+      slot.clear_mark();
       continue;
     }
     return row;

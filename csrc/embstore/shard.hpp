@@ -90,7 +90,18 @@ struct Slot {
   uint32_t load_row_plus1() const noexcept { return __atomic_load_n(&row_plus1, __ATOMIC_RELAXED); }
   void store_row_plus1(uint32_t v) noexcept { __atomic_store_n(&row_plus1, v, __ATOMIC_RELAXED); }
   bool empty() const noexcept { return load_row_plus1() == 0; }
-  uint32_t row() const noexcept { return (load_row_plus1() & kRowPlus1Bits) - 1; }
+  uint32_t row() const noexcept { return row_of(load_row_plus1()); }
+  // The row of a non-empty row_plus1 value, read mark or not.
+  static uint32_t row_of(uint32_t rp1) noexcept { return (rp1 & kRowPlus1Bits) - 1; }
+  // Read-marks a slot last seen holding `seen` (non-zero). A compare-and-swap: if a writer
+  // changed the slot since, the mark is dropped (lost in a race, never put on an empty slot).
+  void mark(uint32_t seen) noexcept {
+    if ((seen & kReadMark) != 0) return;
+    __atomic_compare_exchange_n(&row_plus1, &seen, seen | kReadMark, false, __ATOMIC_RELAXED,
+                                __ATOMIC_RELAXED);
+  }
+  // Clears the read mark (atomic: lock-free readers may mark the slot meanwhile).
+  void clear_mark() noexcept { __atomic_fetch_and(&row_plus1, kRowPlus1Bits, __ATOMIC_RELAXED); }
 };
 #pragma pack(pop)
 static_assert(sizeof(Slot) == 12, "Slot is packed to 12 bytes");
@@ -202,17 +213,12 @@ struct IndexView {
       // The row is loaded once (a relaxed atomic: free on x86), so the bounds-checked value
       // is the one returned even if a writer changes the slot meanwhile; a torn id only
       // fails the seqlock check later.
-      uint32_t rp1 = __atomic_load_n(&slots[pos].row_plus1, __ATOMIC_RELAXED);
+      const uint32_t rp1 = slots[pos].load_row_plus1();
       if (rp1 == 0) return kNoRow;
       if (slots[pos].id == id) {
-        const uint32_t row = (rp1 & kRowPlus1Bits) - 1;
+        const uint32_t row = Slot::row_of(rp1);
         if (row >= num_rows) return kRetry;
-        // A compare-exchange: if a writer changed the slot since the load, it fails and the
-        // mark is dropped (a mark may be lost in a race, never land on an empty slot).
-        if (kMark && (rp1 & kReadMark) == 0) {
-          __atomic_compare_exchange_n(&slots[pos].row_plus1, &rp1, rp1 | kReadMark, false,
-                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED);
-        }
+        if (kMark) slots[pos].mark(rp1);
         return row;
       }
       if (++pos == num_slots) {  // one compare per step: the wrap is also the bound
@@ -297,9 +303,8 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
     Slot& s = slots_.get()[find_slot(id, hash)];
     const uint32_t rp1 = s.load_row_plus1();
     if (rp1 == 0) return kNoRow;
-    // Atomic: lock-free readers may mark the slot meanwhile.
-    if ((rp1 & kReadMark) == 0) __atomic_fetch_or(&s.row_plus1, kReadMark, __ATOMIC_RELAXED);
-    return s.row();
+    s.mark(rp1);  // under the lock only marks change: a failed swap means it is marked
+    return Slot::row_of(rp1);
   }
   // CLOCK reference bit of a row: set by its insert, training lookups and updates (lookups
   // that do not insert read-mark its slot instead).
@@ -417,9 +422,9 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // CLOCK: the next unpinned row whose reference bit is clear and whose slot is not
   // read-marked, clearing bits and marks on the way (a row's bit first, its mark the next
   // time the hand comes round); kNoRow when every occupied row is pinned (or none is
-  // occupied). The victim stays linked;
-  // `evict` unlinks it. With `max_steps`, a sweep that would pass more rows than that stops
-  // first (the hand stays where it got to) and returns kRetry.
+  // occupied). The victim stays linked; `evict` unlinks it. With `max_steps`, a sweep that
+  // would pass more rows than that stops first (the hand stays where it got to) and returns
+  // kRetry.
   uint32_t clock_victim(uint64_t max_steps = kUnlimitedSweep) noexcept;
   static constexpr uint64_t kUnlimitedSweep = ~uint64_t{0};
   // The row clock_victim would take next if no bit changed meanwhile and its slot is not
