@@ -162,14 +162,14 @@ def test_contains_sets_no_reference_bit() -> None:
     assert_same_state(t, ref, u64(range(1, 6)))
 
 
-def test_read_only_hit_sets_bit_and_miss_does_not() -> None:
-    """lookup(insert=False): a hit sets the bit (2 survives), a miss inserts nothing."""
+def test_read_only_hit_marks_row_and_miss_does_not() -> None:
+    """lookup(insert=False): a hit read-marks the row (2 survives), a miss inserts nothing."""
     t, ref = ONE.pair()
     script: list[tuple[list[int], bool]] = [
         ([1, 2, 3], True),
         ([4], True),  # evicts 1; ring 4*,2,3
-        ([2, 9], False),  # hit on 2 sets its bit; 9 is a miss, not inserted
-        ([5], True),  # hand at 2 (set -> clear), 3 clear -> victim
+        ([2, 9], False),  # hit on 2 read-marks it; 9 is a miss, not inserted
+        ([5], True),  # hand at 2 (marked -> cleared), 3 clear -> victim
     ]
     for keys, insert in script:
         assert_rows_equal(t.lookup(u64(keys), insert=insert), ref.lookup(u64(keys), insert=insert))

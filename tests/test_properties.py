@@ -115,7 +115,7 @@ class _TableMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.ref is not None and len(self.ref) > 0)
     @rule()
     def read_all_present(self) -> None:
-        """Reads every stored row (insert=False also refreshes their reference bits)."""
+        """Reads every stored row (insert=False also read-marks them for CLOCK)."""
         t, ref = self._pair()
         keys = np.array(ref.keys(), np.uint64)
         assert_rows_equal(t.lookup(keys, insert=False), ref.lookup(keys, insert=False), keys)
