@@ -61,6 +61,26 @@ def test_tiny_synthetic_run_learns_and_ends_with_the_summary_line() -> None:
     assert "hidden model's own test AUC" in lines[-2]
 
 
+def test_defaults_on_eight_fields_are_the_fixed_ones() -> None:
+    _, lines = run_demo([*TINY, "--quiet"])
+    assert "Adagrad(lr=0.1), factor scale 1, batch 256" in lines[1]
+    _, wide = run_demo([*TINY, "--quiet", "--fields", "39"])
+    assert "39 embstore tables" in wide[1]
+    assert "Adagrad(lr=0.02564), factor scale 0.06073, batch 256" in wide[1]
+    assert last_line(wide)[0] > 0.6  # the wide stream is still learned
+
+
+def test_holdout_tunes_on_the_training_part() -> None:
+    status, lines = run_demo([*TINY, "--quiet", "--holdout", "0.25"])
+    assert status == 0
+    assert "12000 train / 4000 holdout examples" in lines[0]  # 16,000 training examples
+    assert "hidden model's own holdout AUC" in lines[-2]
+    match = re.match(
+        r"^holdout_auc=(0\.\d{4}) holdout_logloss=\d+\.\d{4} examples_per_s=\d+$", lines[-1]
+    )
+    assert match and float(match[1]) > 0.6
+
+
 def test_same_seed_same_result() -> None:
     a = last_line(run_demo([*TINY, "--quiet"])[1])
     b = last_line(run_demo([*TINY, "--quiet"])[1])
@@ -153,6 +173,8 @@ def test_dnn_model() -> None:
         (["--data", "/nonexistent/x.txt"], "no such file"),
         (["--test", __file__], "--test needs --data"),
         (["--lr", "0"], "--lr must be a positive number"),
+        (["--factor-scale", "-1"], "--factor-scale must be a positive number"),
+        (["--holdout", "1"], "--holdout must be in (0, 1)"),
         (["--batch-size", "0"], "--batch-size must be positive"),
         (["--test-fraction", "1.5"], "--test-fraction"),
         (["--model", "xgboost"], "invalid choice"),

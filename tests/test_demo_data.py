@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import embstore
 from embstore.demo import readers
 from embstore.demo.data import CTRData, DataError
+from embstore.demo.defaults import default_factor_scale, default_lr
 from embstore.demo.evaluation import StreamingMetrics, auc, logloss
 from embstore.demo.fm import FactorizationMachine
 from embstore.demo.synthetic import synthetic
@@ -216,7 +218,10 @@ def test_synthetic_is_deterministic_and_learnable() -> None:
 # -- factorization machine ----------------------------------------------------------------
 
 
-def test_fm_gradient_matches_finite_differences(rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("factor_scale", [1.0, 0.3])
+def test_fm_gradient_matches_finite_differences(
+    rng: np.random.Generator, factor_scale: float
+) -> None:
     """SGD(lr=1) tables and one distinct id per bag: a step moves each row by -dL/drow."""
     fields, dim, batch_size = ("a", "b", "c"), 3, 5
     group = embstore.TableGroup(
@@ -235,12 +240,12 @@ def test_fm_gradient_matches_finite_differences(rng: np.random.Generator) -> Non
     labels = np.array([1, 0, 1, 1, 0], dtype=np.float32)
     data = CTRData(labels=labels, ids=ids, fields=fields, values=values)
     batch = data.batch(0, batch_size)
-    model = FactorizationMachine(group, lr=0.1, l2=0.0, bias=0.2)
+    model = FactorizationMachine(group, lr=0.1, l2=0.0, bias=0.2, factor_scale=factor_scale)
     rows0 = np.stack([group[f].initial_values(ids[k]) for k, f in enumerate(fields)])
 
     def loss(rows: np.ndarray) -> float:  # float64 reference
         p = rows.astype(np.float64) * values[:, :, None]
-        e = p[:, :, 1:]
+        e = factor_scale * p[:, :, 1:]
         s = e.sum(0)
         logit = 0.2 + p[:, :, 0].sum(0) + 0.5 * ((s * s).sum(1) - (e * e).sum((0, 2)))
         prob = 1 / (1 + np.exp(-logit))
@@ -262,3 +267,57 @@ def test_fm_gradient_matches_finite_differences(rng: np.random.Generator) -> Non
     new = CTRData(labels=labels, ids=ids + 1000, fields=fields).batch(0, 5)
     model.predict(new)
     assert [len(t) for t in group.values()] == sizes
+
+
+# -- defaults -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields", [1, 2, 8, 10])
+def test_defaults_up_to_ten_fields_are_the_fixed_ones(fields: int) -> None:
+    assert default_lr(fields) == 0.1 and default_factor_scale(fields) == 1.0
+
+
+def test_defaults_shrink_with_more_fields() -> None:
+    assert default_lr(39) == pytest.approx(0.1 * 10 / 39)
+    assert default_factor_scale(39) == pytest.approx(45 / 741)  # pairs of 10 and 39 fields
+    lrs = [default_lr(f) for f in range(10, 100)]
+    scales = [default_factor_scale(f) for f in range(10, 100)]
+    assert all(a > b for a, b in itertools.pairwise(lrs)) and all(0 < x for x in lrs)
+    assert all(a > b for a, b in itertools.pairwise(scales)) and all(0 < x for x in scales)
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="fields must be positive"):
+            default_lr(bad)
+        with pytest.raises(ValueError, match="fields must be positive"):
+            default_factor_scale(bad)
+
+
+@pytest.mark.parametrize("factor_scale", [1.0, 0.25])
+def test_deepfm_without_its_mlp_is_the_fm(factor_scale: float) -> None:
+    """With the MLP's output layer zeroed, DeepFM's probabilities are the FM's on the same
+    rows: the factor scale enters both models the same way."""
+    torch = pytest.importorskip("torch", reason="DeepFM needs torch")
+    from embstore.demo.dnn import DeepFM
+
+    data = synthetic(300, 4, seed=5).data
+    groups = [
+        embstore.TableGroup(
+            {
+                name: embstore.Table(
+                    dim=5, capacity=4096, initializer=embstore.Normal(std=0.3, seed=k)
+                )
+                for k, name in enumerate(data.fields)
+            }
+        )
+        for _ in range(2)
+    ]
+    fm = FactorizationMachine(groups[0], lr=0.1, bias=-0.4, factor_scale=factor_scale)
+    dnn = DeepFM(groups[1], bias=-0.4, factor_scale=factor_scale, torch_threads=None)
+    with torch.no_grad():
+        dnn.net.mlp[-1].weight.zero_()
+        dnn.net.mlp[-1].bias.zero_()
+    batch = data.batch(0, 300)
+    for group in groups:
+        group.lookup_sum(batch.features)  # insert the rows (same seeds: same rows)
+    expected = fm.predict(batch)
+    assert expected.std() > 0.01  # the pairwise term is not negligible at std 0.3
+    np.testing.assert_allclose(dnn.predict(batch), expected, rtol=1e-5, atol=1e-6)

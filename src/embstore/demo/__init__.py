@@ -6,6 +6,8 @@
 - :mod:`~embstore.demo.readers`: Criteo TSV and libFM readers.
 - :mod:`~embstore.demo.fm`: a factorization machine in numpy over a TableGroup.
 - :mod:`~embstore.demo.dnn`: DeepFM in torch over :class:`embstore.torch.EmbeddingBagCollection`.
+- :mod:`~embstore.demo.defaults`: the default hyperparameters (learning rate and factor
+  scale follow the number of fields).
 - :mod:`~embstore.demo.train`: the training loop and the held-out evaluation.
 - :mod:`~embstore.demo.evaluation`: AUC and logloss.
 - :mod:`~embstore.demo.report`: log lines, progress bar, plot.

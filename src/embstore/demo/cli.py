@@ -3,6 +3,8 @@
 Reads (or generates) the data, builds one Adagrad table per field, trains the model in
 order over the training part, logs a line per window of steps, evaluates on the held-out
 part read-only and prints ``test_auc=0.xxxx test_logloss=0.xxxx examples_per_s=N`` last.
+With ``--holdout F`` it tunes instead: it trains on the first part of the training data,
+scores its last ``F`` and prints ``holdout_auc=...``; the test data is never read.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TextIO
 
 from embstore.demo import readers
 from embstore.demo.data import CTRData, DataError
+from embstore.demo.defaults import DEFAULTS, default_factor_scale, default_lr
 from embstore.demo.evaluation import auc
 from embstore.demo.fm import FactorizationMachine, build_group
 from embstore.demo.report import ProgressBar, check_plot_available, format_record, write_plot
@@ -25,17 +28,6 @@ from embstore.demo.synthetic import synthetic
 from embstore.demo.train import Model, evaluate, train
 
 __all__ = ["build_parser", "main"]
-
-#: Defaults, tuned on held-out parts of the training data (see README "Demo").
-DEFAULTS = {
-    "epochs": 1,
-    "batch_size": 256,
-    "dim": 32,
-    "lr": 0.1,
-    "init_std": 0.01,
-    "examples": 500_000,
-    "fields": 8,
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     data.add_argument("--test-fraction", type=float, default=0.2, metavar="F")
     data.add_argument(
+        "--holdout",
+        type=float,
+        default=None,
+        metavar="F",
+        help="tuning: train on the training part but its last F, report the AUC on that F "
+        "(last line 'holdout_auc=...'); the test data is not read",
+    )
+    data.add_argument(
         "--examples",
         type=int,
         default=DEFAULTS["examples"],
@@ -82,7 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--dim", type=int, default=DEFAULTS["dim"], help="factor dimension (rows hold dim + 1)"
     )
     model.add_argument(
-        "--lr", type=float, default=DEFAULTS["lr"], help="Adagrad learning rate of the tables"
+        "--lr",
+        type=float,
+        default=None,
+        help="Adagrad learning rate of the tables (default 0.1 * min(1, 10 / fields))",
+    )
+    model.add_argument(
+        "--factor-scale",
+        type=float,
+        default=None,
+        metavar="C",
+        help="factor vectors are C times the stored ones: their step and initial scale "
+        "relative to the first-order weights (default min(1, 45 / pairs of fields))",
     )
     model.add_argument("--init-std", type=float, default=DEFAULTS["init_std"], metavar="S")
     model.add_argument(
@@ -112,13 +123,16 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for name in ("epochs", "batch_size", "dim", "examples", "fields"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
-    for name in ("lr", "dense_lr"):
-        if not getattr(args, name) > 0 or not math.isfinite(getattr(args, name)):
+    for name in ("lr", "factor_scale", "dense_lr"):
+        value = getattr(args, name)
+        if value is not None and (not value > 0 or not math.isfinite(value)):
             parser.error(f"--{name.replace('_', '-')} must be a positive number")
     if args.init_std < 0 or args.l2 < 0 or args.log_every < 0:
         parser.error("--init-std, --l2 and --log-every must be >= 0")
     if not 0.0 < args.test_fraction < 1.0:
         parser.error("--test-fraction must be in (0, 1)")
+    if args.holdout is not None and not 0.0 < args.holdout < 1.0:
+        parser.error("--holdout must be in (0, 1)")
     if args.threads is not None and args.threads <= 0:
         parser.error("--threads must be positive")
     for flag, path in (("--data", args.data), ("--test", args.test)):
@@ -133,19 +147,27 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace) -> tuple[CTRData, CTRData, str, float | None]:
-    """(train, test, description, hidden model's test AUC for synthetic data)."""
+    """(train, test or holdout, description, hidden model's AUC there for synthetic data)."""
     if args.data is None:
         gen = synthetic(args.examples, args.fields, seed=args.seed)
         train, test = gen.data.split(args.test_fraction)
-        oracle = auc(test.labels, gen.logits[len(train) :])
-        return train, test, f"synthetic CTR stream, {args.fields} Zipf fields", oracle
-    data = readers.read(args.data, args.format)
-    if args.test is None:
-        train, test = data.split(args.test_fraction)
-        where = f"{args.data}, last {args.test_fraction:.0%} held out"
+        where = f"synthetic CTR stream, {args.fields} Zipf fields"
     else:
-        train, test = data, readers.read(args.test, args.format, like=data)
-        where = f"{args.data}, tested on {args.test}"
+        data = readers.read(args.data, args.format)
+        if args.test is None:
+            train, test = data.split(args.test_fraction)
+            where = f"{args.data}, last {args.test_fraction:.0%} held out"
+        elif args.holdout is None:
+            train, test = data, readers.read(args.test, args.format, like=data)
+            where = f"{args.data}, tested on {args.test}"
+        else:  # tuning: the test file is not even read
+            train, test, where = data, data.take(0, 0), str(args.data)
+    if args.holdout is not None:
+        train, test = train.split(args.holdout)
+        where += f", tuning on the last {args.holdout:.0%} of the training part"
+    if args.data is None:
+        oracle = auc(test.labels, gen.logits[len(train) : len(train) + len(test)])
+        return train, test, where, oracle
     return train, test, f"{where}, {train.num_fields} fields", None
 
 
@@ -167,11 +189,14 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         msg = "the training data must hold both positive and negative examples"
         raise DataError(msg)
     bias = math.log(positive / (1.0 - positive))  # start at the base rate
+    fields = train_data.num_fields
+    lr = default_lr(fields) if args.lr is None else args.lr
+    scale = default_factor_scale(fields) if args.factor_scale is None else args.factor_scale
     group = build_group(
         train_data.fields,
         _capacities(train_data),
         dim=args.dim,
-        lr=args.lr,
+        lr=lr,
         init_std=args.init_std,
         seed=args.seed,
         threads=args.threads,
@@ -180,18 +205,20 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.model == "dnn":
         from embstore.demo.dnn import DeepFM
 
-        model = DeepFM(group, dense_lr=args.dense_lr, bias=bias, seed=args.seed)
+        model = DeepFM(group, dense_lr=args.dense_lr, bias=bias, factor_scale=scale, seed=args.seed)
     else:
-        model = FactorizationMachine(group, lr=args.lr, l2=args.l2, bias=bias)
+        model = FactorizationMachine(group, lr=lr, l2=args.l2, bias=bias, factor_scale=scale)
     steps = args.epochs * train_data.num_batches(args.batch_size)
     log_every = args.log_every or max(1, steps // 20)
+    held = "test" if args.holdout is None else "holdout"
     say(
-        f"data: {description}: {len(train_data)} train / {len(test_data)} test examples, "
+        f"data: {description}: {len(train_data)} train / {len(test_data)} {held} examples, "
         f"{positive:.1%} positive (loaded in {load_s:.1f} s)"
     )
     say(
         f"model: {args.model}, {len(group)} embstore tables of dim {args.dim}+1, "
-        f"Adagrad(lr={args.lr}), batch {args.batch_size}, {args.epochs} epoch(s), {steps} steps"
+        f"Adagrad(lr={lr:.4g}), factor scale {scale:.4g}, batch {args.batch_size}, "
+        f"{args.epochs} epoch(s), {steps} steps"
     )
     result = train(
         model,
@@ -210,12 +237,12 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         f"the tables hold {rows} rows; the read-only evaluation inserted {inserted}"
     )
     if oracle is not None:
-        say(f"the hidden model's own test AUC (the best possible here): {oracle:.4f}")
+        say(f"the hidden model's own {held} AUC (the best possible here): {oracle:.4f}")
     if args.plot is not None:
         write_plot(args.plot, result.records, f"embstore demo: {args.model}, {description}")
         say(f"plot: {args.plot}")
     say(
-        f"test_auc={test_auc:.4f} test_logloss={test_logloss:.4f} "
+        f"{held}_auc={test_auc:.4f} {held}_logloss={test_logloss:.4f} "
         f"examples_per_s={result.examples_per_s:.0f}"
     )
     return 0

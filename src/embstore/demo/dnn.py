@@ -1,8 +1,8 @@
 """DeepFM in PyTorch over :class:`embstore.torch.EmbeddingBagCollection` (``--model dnn``).
 
 The sparse part is the factorization machine of :mod:`embstore.demo.fm` (same tables:
-``[w, v]`` per id, fused Adagrad in the store); a small MLP reads the concatenated factor
-vectors of all fields, and its output is added to the FM logit. The embeddings are updated
+``[w, u]`` per id, factors ``v = factor_scale * u``, fused Adagrad in the store); a small
+MLP reads the concatenated factor vectors of all fields, and its output is added to the FM logit. The embeddings are updated
 by the backward of the collection (one group apply per step); the MLP and the bias train
 with ``torch.optim.Adam``.
 
@@ -27,8 +27,15 @@ __all__ = ["DeepFM"]
 
 
 class _Net(torch.nn.Module):
-    def __init__(self, group: embstore.TableGroup, hidden: Sequence[int], bias: float) -> None:
+    def __init__(
+        self,
+        group: embstore.TableGroup,
+        hidden: Sequence[int],
+        bias: float,
+        factor_scale: float,
+    ) -> None:
         super().__init__()
+        self.factor_scale = factor_scale
         self.fields = tuple(group.names)
         self.embeddings = EmbeddingBagCollection(group)
         dim = group[self.fields[0]].dim - 1
@@ -45,7 +52,7 @@ class _Net(torch.nn.Module):
         pooled = self.embeddings(batch.features)
         p = torch.stack([pooled[name] for name in self.fields])  # [F, B, dim + 1]
         linear = p[:, :, 0].sum(0)
-        e = p[:, :, 1:]
+        e = self.factor_scale * p[:, :, 1:]
         s = e.sum(0)
         pair = 0.5 * ((s * s).sum(1) - (e * e).sum((0, 2)))
         deep = self.mlp(e.permute(1, 0, 2).flatten(1)).squeeze(1)
@@ -63,6 +70,7 @@ class DeepFM:
         hidden: Sequence[int] = (64, 32),
         dense_lr: float = 1e-3,
         bias: float = 0.0,
+        factor_scale: float = 1.0,
         seed: int = 0,
         torch_threads: int | None = 1,
     ) -> None:
@@ -70,7 +78,7 @@ class DeepFM:
             torch.set_num_threads(torch_threads)  # process-wide: the demo owns its process
         torch.manual_seed(seed)
         self._group = group
-        self.net = _Net(group, hidden, bias)
+        self.net = _Net(group, hidden, bias, factor_scale)
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=dense_lr)
 
     @property

@@ -1,15 +1,18 @@
 """A factorization machine in numpy whose sparse parameters live in embstore tables.
 
-One table per field; row ``[w, v_1 .. v_dim]`` of an id holds its first-order weight and
-its factor vector, and the table's fused Adagrad trains both. With ``P_f`` the pooled row of
-field ``f`` (the id's row times its value; a bag per example per field), ``E_f`` its factor
-part and ``S = sum_f E_f``:
+One table per field; row ``[w, u_1 .. u_dim]`` of an id holds its first-order weight and
+its stored factors, and the table's fused Adagrad trains both. The model's factor vector is
+``v = c * u`` for a fixed ``factor_scale`` ``c``: Adagrad moves every element by about its
+``lr`` whatever the gradient's size, so ``c`` is the factors' own step size (and initial
+scale) relative to the first-order weights'. With ``P_f`` the pooled row of field ``f``
+(the id's row times its value; a bag per example per field), ``E_f = c * P_f[1:]`` its
+factor part and ``S = sum_f E_f``:
 
     logit = b + sum_f P_f[0] + (|S|^2 - sum_f |E_f|^2) / 2        (FM: all pairs of fields)
 
 For the mean logloss ``L`` over a batch of ``B`` examples, with ``d = (p - y) / B``:
 
-    dL/dP_f[0] = d,   dL/dE_f = d * (S - E_f),   dL/db = sum d
+    dL/dP_f[0] = d,   dL/dP_f[1:] = c * d * (S - E_f),   dL/db = sum d
 
 The forward is one :meth:`TableGroup.lookup_sum` call for all fields, the backward one
 :meth:`TableGroup.apply_gradients` call. The bias ``b`` is a numpy scalar trained with the
@@ -70,7 +73,13 @@ class FactorizationMachine:
     """The factorization machine above, over ``group`` (see :func:`build_group`)."""
 
     def __init__(
-        self, group: embstore.TableGroup, *, lr: float, l2: float = 0.0, bias: float = 0.0
+        self,
+        group: embstore.TableGroup,
+        *,
+        lr: float,
+        l2: float = 0.0,
+        bias: float = 0.0,
+        factor_scale: float = 1.0,
     ) -> None:
         self.group = group
         self.fields = tuple(group.names)
@@ -82,12 +91,13 @@ class FactorizationMachine:
         self.lr = lr
         self.l2 = l2
         self.bias = float(bias)
+        self.factor_scale = float(factor_scale)
         self._bias_acc = 0.0
 
     def _logits(self, pooled: Mapping[str, F32Array]) -> tuple[F32Array, F32Array, F32Array]:
         """(logits [B], stacked pooled rows [F, B, dim + 1], S [B, dim])."""
         p = np.stack([pooled[name] for name in self.fields])  # [F, B, dim + 1]
-        e = p[:, :, 1:]
+        e = p[:, :, 1:] * np.float32(self.factor_scale)
         s = e.sum(axis=0)
         pair = 0.5 * (np.einsum("bk,bk->b", s, s) - np.einsum("fbk,fbk->b", e, e))
         logits = (np.float32(self.bias) + p[:, :, 0].sum(axis=0) + pair).astype(np.float32)
@@ -104,10 +114,11 @@ class FactorizationMachine:
         logits, p, s = self._logits(pooled)
         prob = sigmoid(logits)
         d = ((prob - batch.labels) / np.float32(len(batch))).astype(np.float32)
+        c = np.float32(self.factor_scale)
         grads = np.empty_like(p)
         grads[:, :, 0] = d
-        np.subtract(s[None, :, :], p[:, :, 1:], out=grads[:, :, 1:])
-        grads[:, :, 1:] *= d[None, :, None]
+        np.subtract(s[None, :, :], c * p[:, :, 1:], out=grads[:, :, 1:])
+        grads[:, :, 1:] *= (c * d)[None, :, None]
         if self.l2 > 0.0:
             grads += np.float32(self.l2 / len(batch)) * p
         entries = {}
