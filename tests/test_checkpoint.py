@@ -31,7 +31,8 @@ from reference import (
 )
 
 import embstore
-from embstore import _persist, checkpoint
+from embstore import checkpoint
+from embstore._persist import buffers as _buffers
 
 OPTIMIZERS: list[OptSpec] = [
     SGDSpec(lr=0.5),
@@ -431,8 +432,8 @@ def test_save_resets_the_delta_base(tmp_path: Path) -> None:
 def test_failed_save_keeps_dirty_rows_and_removed_ids(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_persist, "CHUNK_BYTES", 64)
-    monkeypatch.setattr(_persist, "MIN_CHUNK_ROWS", 4)
+    monkeypatch.setattr(_buffers, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(_buffers, "MIN_CHUNK_ROWS", 4)
     t = embstore.Table(dim=2, capacity=1000, num_shards=4, optimizer=embstore.SGD(lr=0.1))
     t.lookup(np.arange(200))
     t.save(tmp_path / "b")
@@ -754,8 +755,8 @@ def test_a_load_that_fails_midway_stops_its_reader_thread(
 ) -> None:
     import threading
 
-    monkeypatch.setattr(_persist, "CHUNK_BYTES", 64)
-    monkeypatch.setattr(_persist, "MIN_CHUNK_ROWS", 4)
+    monkeypatch.setattr(_buffers, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(_buffers, "MIN_CHUNK_ROWS", 4)
     t = embstore.Table(dim=2, capacity=1000, num_shards=2)
     t.lookup(np.arange(500))
     t.save(tmp_path / "b")

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _core, _persist
+from embstore import _arrays, _core
+from embstore._persist import load as _load
+from embstore._persist import save as _save
 from embstore.table import Table
 
 __all__ = ["TableGroup"]
@@ -42,9 +44,7 @@ class TableGroup(Mapping[str, Table]):
                 raise TypeError(msg)
         self._tables: dict[str, Table] = dict(tables)
         for name, table in self._tables.items():
-            if not table._name_given:  # label metrics with the group's name for it
-                table.name = name
-                table._name_given = True
+            table._internals().adopt_name(name)  # an unnamed table takes the group's name
 
     def __getitem__(self, name: str) -> Table:
         return self._tables[name]
@@ -72,9 +72,7 @@ class TableGroup(Mapping[str, Table]):
 
     def _deliver_evicted(self, names: list[str]) -> None:
         for name in names:  # each table's on_evict, after the whole call (no locks held)
-            table = self._tables[name]
-            if table._on_evict is not None:
-                table._deliver_evicted()
+            self._tables[name]._internals().deliver_evicted()
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         """Checkpoint every table into ``directory`` (created if needed): one file per table
@@ -83,7 +81,7 @@ class TableGroup(Mapping[str, Table]):
         older saves are removed once the new manifest is in place. Each table is a
         point-in-time snapshot (see :meth:`Table.save`); the snapshots of all tables begin
         back to back before any is written."""
-        _persist.save_group(self, directory)
+        _save.save_group({n: t._internals() for n, t in self._tables.items()}, directory)
 
     @classmethod
     def load(
@@ -91,7 +89,8 @@ class TableGroup(Mapping[str, Table]):
     ) -> TableGroup:
         """The group saved in ``directory`` by :meth:`save` (``num_threads`` overrides every
         table's). Raises :class:`~embstore.CheckpointError` if any file is bad."""
-        return _persist.load_group(directory, num_threads)
+        loaded = _load.load_group(directory, num_threads)
+        return cls({name: Table._from_internals(t) for name, t in loaded.items()})
 
     def set_step(self, step: int) -> None:
         """``Table.set_step(step)`` on every table of the group."""
@@ -109,7 +108,7 @@ class TableGroup(Mapping[str, Table]):
         impls = []
         for name in names:
             table = self._tables.get(name)
-            impl = None if table is None else table._impl
+            impl = None if table is None else table._internals().core
             if impl is None:
                 return None
             impls.append(impl)
