@@ -243,7 +243,8 @@ class Table:
 
     # -- persistence ------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write a full checkpoint of the table to ``path``.
+        """Write a full checkpoint of the table to ``path`` (its directory is created if
+        needed, as :meth:`TableGroup.save` does).
 
         The file holds every row (ids, values, optimizer state, last step), the table's
         configuration (dim, capacity, shards, optimizer with its current settings,

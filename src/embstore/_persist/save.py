@@ -118,6 +118,13 @@ def write_snapshot(
     return head
 
 
+def _make_parent_directory(path: str) -> None:
+    """Creates the directory a checkpoint file goes into, as a group save does."""
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+
+
 def save(t: TableInternals, path: str | os.PathLike[str], *, delta: bool) -> str:
     """``Table.save`` / ``Table.save_delta``: returns the new checkpoint id."""
     impl = t.live()
@@ -128,6 +135,7 @@ def save(t: TableInternals, path: str | os.PathLike[str], *, delta: bool) -> str
             "(a table starts a chain with save() or by being loaded from a checkpoint)"
         )
         raise CheckpointError(msg)
+    _make_parent_directory(path)
     snap = _core.begin_snapshot(impl, MODE_DELTA if delta else MODE_FULL)
     try:
         with t.checkpoint_lock:  # the parent as of this snapshot (saves are serial)
