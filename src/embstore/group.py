@@ -29,6 +29,11 @@ class TableGroup(Mapping[str, Table]):
     tables : Mapping[str, Table]
         The tables by name. The group holds references; closing a table closes it for
         the group too.
+
+    Notes
+    -----
+    A group pickles with its tables (see :class:`Table` on what a pickle holds, and when
+    to prefer the streamed :meth:`save` / :meth:`load`).
     """
 
     def __init__(self, tables: Mapping[str, Table]) -> None:
@@ -45,6 +50,9 @@ class TableGroup(Mapping[str, Table]):
         self._tables: dict[str, Table] = dict(tables)
         for name, table in self._tables.items():
             table._internals().adopt_name(name)  # an unnamed table takes the group's name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TableGroup, (self._tables,))
 
     def __getitem__(self, name: str) -> Table:
         return self._tables[name]

@@ -80,6 +80,14 @@ class Table:
     The settings are one :class:`~embstore.TableSpec` (:attr:`spec`);
     ``Table.from_spec(spec)`` builds the same table as ``Table(**kwargs)``.
 
+    Pickling (so ``copy.deepcopy``, ``torch.save(model)`` and multiprocessing work): the
+    pickle holds the spec and every row with its optimizer state and last step, the
+    current step and the admission counters; unpickling builds an equal table that trains
+    on bit for bit like the original (it starts no delta chain, and its statistics start at
+    zero). The pickle holds all rows in memory at once: for big tables prefer the streamed
+    :meth:`save` / :meth:`load`, which copy one chunk at a time while training goes on. An
+    ``on_evict`` callback must be picklable itself (a module-level function, not a lambda).
+
     Thread safety: every method may be called from any number of threads at once. Writers
     lock each shard once per batch; lookups read without locks (a per-shard seqlock
     validates each row read) unless they must insert; reads are row-consistent (never
@@ -130,6 +138,9 @@ class Table:
         table = cls.__new__(cls)
         table._state = state
         return table
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_unpickle, (self._state.spec, _exchange.dump(self._state)))
 
     def _internals(self) -> TableInternals:
         """The explicitly internal interface (core, spec, checkpoint chain) that
@@ -357,10 +368,6 @@ class Table:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getstate__(self) -> Any:
-        msg = "embstore.Table cannot be pickled"
-        raise TypeError(msg)
-
     def _live(self) -> _core.Table:
         return self._state.live()
 
@@ -477,3 +484,10 @@ class Table:
     def reset_metrics(self) -> None:
         """Clear this table's latency histograms (counters are kept)."""
         self._live().reset_timers()
+
+
+def _unpickle(spec: TableSpec, payload: dict[str, Any]) -> Table:
+    """A pickled table: a new table of ``spec`` holding the pickled rows and counters."""
+    table = Table.from_spec(spec)
+    _exchange.restore(table._internals(), payload)
+    return table

@@ -1,4 +1,5 @@
-"""Export and import: every row of a table as numpy arrays, and back."""
+"""Export and import: every row of a table as numpy arrays, and back (also the payload of
+a pickled table)."""
 
 from __future__ import annotations
 
@@ -148,3 +149,31 @@ def _uint_array(x: Any, name: str, shape: tuple[int, ...], high: int) -> npt.NDA
         msg = f"import_: {name} must be in [0, {high}]"
         raise ValueError(msg)
     return arr.astype(np.int64)
+
+
+def dump(t: TableInternals) -> dict[str, Any]:
+    """Everything a pickled table carries besides its spec: every row (as :func:`export`),
+    the current step and whether steps are tracked, and the admission counters."""
+    impl = t.live()
+    payload: dict[str, Any] = {
+        "rows": export(t),
+        "step": int(impl.step),
+        "step_tracking": bool(impl.step_tracking),
+    }
+    if t.spec.admission is not None and t.spec.admission.min_count > 1:
+        payload["sketches"] = [impl.sketch_counters(s) for s in range(int(impl.num_shards))]
+    return payload
+
+
+def restore(t: TableInternals, payload: Mapping[str, Any]) -> None:
+    """Fills a fresh table of the dumped table's spec with :func:`dump`'s ``payload``."""
+    impl = t.live()
+    rows = payload["rows"]
+    stored = import_(t, rows, restore=True)
+    if stored != rows["ids"].shape[0]:  # same spec, same shards: every row has its place
+        msg = f"embstore internal error: {stored} of {rows['ids'].shape[0]} rows restored"
+        raise RuntimeError(msg)
+    for s, counters in enumerate(payload.get("sketches", ())):
+        impl.restore_sketch(shard=s, counters=np.ascontiguousarray(counters))
+    if payload["step_tracking"]:
+        impl.set_step(int(payload["step"]))
