@@ -80,6 +80,62 @@ def as_grads(grads: Any, rows: int, dim: int, what: str) -> npt.NDArray[np.float
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
+# The core's own formats: arrays already in them pass through the core_* functions untouched
+# (no copy, no conversion), so a caller that prepares them pays only these checks.
+_CORE_KEYS = (np.dtype(np.uint64), np.dtype(np.int64))
+_INT64 = np.dtype(np.int64)
+_FLOAT32 = np.dtype(np.float32)
+
+
+def core_keys(keys: Any) -> npt.NDArray[np.uint64] | npt.NDArray[np.int64]:
+    """``keys`` as the core takes them: uint64 or int64, 1-D, C-contiguous."""
+    if (
+        type(keys) is np.ndarray
+        and keys.dtype in _CORE_KEYS
+        and keys.ndim == 1
+        and keys.flags.c_contiguous
+    ):
+        return keys
+    return as_keys(keys)
+
+
+def core_offsets(offsets: Any) -> npt.NDArray[np.int64]:
+    """CSR ``offsets`` as the core takes them: int64, 1-D, C-contiguous, not empty."""
+    if (
+        type(offsets) is np.ndarray
+        and offsets.dtype == _INT64
+        and offsets.ndim == 1
+        and offsets.shape[0]
+        and offsets.flags.c_contiguous
+    ):
+        return offsets
+    return as_offsets(offsets)
+
+
+def core_weights(weights: Any, n: int) -> npt.NDArray[np.float32] | None:
+    """Per-id ``weights`` as the core takes them: None, or float32 [n] C-contiguous."""
+    if (
+        type(weights) is np.ndarray
+        and weights.dtype == _FLOAT32
+        and weights.shape == (n,)
+        and weights.flags.c_contiguous
+    ):
+        return weights
+    return as_weights(weights, n)
+
+
+def core_grads(grads: Any, rows: int, dim: int) -> npt.NDArray[np.float32]:
+    """Per-bag ``grads`` as the core takes them: float32 [rows, dim] C-contiguous."""
+    if (
+        type(grads) is np.ndarray
+        and grads.dtype == _FLOAT32
+        and grads.shape == (rows, dim)
+        and grads.flags.c_contiguous
+    ):
+        return grads
+    return as_grads(grads, rows, dim, "one row per bag")
+
+
 def mode_code(mode: str) -> int:
     """Return the core's code for a pooling ``mode`` ("sum" or "mean")."""
     try:

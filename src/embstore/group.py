@@ -7,7 +7,7 @@ batch over its worker threads.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -48,8 +48,9 @@ class TableGroup(Mapping[str, Table]):
                 msg = f"tables[{name!r}] must be an embstore.Table, got {type(table).__name__}"
                 raise TypeError(msg)
         self._tables: dict[str, Table] = dict(tables)
-        for name, table in self._tables.items():
-            table._internals().adopt_name(name)  # an unnamed table takes the group's name
+        self._states = {name: table._internals() for name, table in self._tables.items()}
+        for name, state in self._states.items():
+            state.adopt_name(name)  # an unnamed table takes the group's name
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (TableGroup, (self._tables,))
@@ -110,17 +111,87 @@ class TableGroup(Mapping[str, Table]):
         each table it touches)."""
         return {name: table.stats() for name, table in self._tables.items()}
 
-    def _live_impls(self, names: Iterable[str]) -> list[_core.Table] | None:
-        """The open tables' cores for ``names``, or None if a name is unknown or its table
-        closed (the caller's checked path then raises the error that says so)."""
-        impls = []
-        for name in names:
-            table = self._tables.get(name)
-            impl = None if table is None else table._internals().core
-            if impl is None:
-                return None
-            impls.append(impl)
-        return impls
+    def _checked(self, given: Any, what: str) -> list[str]:
+        if not isinstance(given, Mapping):
+            msg = (
+                f"{what} must be a mapping of table name -> tuple of arrays, "
+                f"got {type(given).__name__}"
+            )
+            raise TypeError(msg)
+        return list(given)
+
+    def _converted(
+        self, name: str, entry: Any, what: str, convert: Callable[[Any, int], tuple[Any, ...]]
+    ) -> tuple[_core.Table, tuple[Any, ...]]:
+        """A table's core and its entry converted to the core's formats, or the error that
+        names the table and the argument ``what``."""
+        table = self._table(name)
+        try:
+            return table._internals().live(), convert(entry, table.dim)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"table {name!r}: {what}[{name!r}]: {e}") from None
+
+    def _lookup_batches(
+        self, features: Any
+    ) -> tuple[list[str], list[_core.Table], list[tuple[Any, ...]]]:
+        """Each named table's core and its ``features`` entry in the core's formats.
+
+        An entry already in them goes as it is: the check is spelled out inline because it
+        runs for every table of every call. Any other entry is converted; every check runs
+        before the core is called, so a bad entry changes nothing."""
+        names = self._checked(features, "features")
+        impls: list[_core.Table] = []
+        batches: list[tuple[Any, ...]] = []
+        states = self._states
+        for name, entry in features.items():
+            state = states.get(name)
+            core = None if state is None else state.core
+            if core is not None and type(entry) is tuple and 2 <= len(entry) <= 3:
+                k, off = entry[0], entry[1]
+                w = entry[2] if len(entry) == 3 else None
+                if (
+                    type(k) is _ndarray
+                    and k.dtype in _KEYS
+                    and k.strides == _STRIDES_8
+                    and type(off) is _ndarray
+                    and off.dtype in _INT64
+                    and off.strides == _STRIDES_8
+                    and off.shape[0] > 0
+                    and (w is None or _as_is_weights(w, k.shape[0]))
+                ):
+                    impls.append(core)
+                    batches.append(entry)
+                    continue
+            core, batch = self._converted(name, entry, "features", _lookup_batch)
+            impls.append(core)
+            batches.append(batch)
+        return names, impls, batches
+
+    def _apply_batches(
+        self, grads: Any
+    ) -> tuple[list[str], list[_core.Table], list[tuple[Any, ...]]]:
+        """As :meth:`_lookup_batches`, for ``grads`` entries."""
+        names = self._checked(grads, "grads")
+        impls: list[_core.Table] = []
+        batches: list[tuple[Any, ...]] = []
+        states = self._states
+        for name, entry in grads.items():
+            state = states.get(name)
+            core = None if state is None else state.core
+            if (
+                core is not None
+                and state is not None
+                and type(entry) is tuple
+                and 3 <= len(entry) <= 4
+                and _as_is_grads(entry, state.spec.dim)
+            ):
+                impls.append(core)
+                batches.append(entry)
+                continue
+            core, batch = self._converted(name, entry, "grads", _apply_batch)
+            impls.append(core)
+            batches.append(batch)
+        return names, impls, batches
 
     def lookup_sum(
         self,
@@ -133,31 +204,13 @@ class TableGroup(Mapping[str, Table]):
 
         ``features`` maps a table name to ``(keys, offsets)`` or ``(keys, offsets, weights)``;
         returns name -> float32 ``[bags, dim]``, as :meth:`Table.lookup_sum` would.
+        A bad entry raises an error naming its table, and no table changes.
         """
         code = _arrays.mode_code(mode)
-        names, given = list(features), list(features.values())
-        impls = self._live_impls(names)
-        # Arrays already in the core's dtypes and layout go straight to it (W4: 8% of a
-        # call's time was this loop in Python); the core returns None for anything else.
-        outs = None
-        if impls is not None:
-            outs = _core.group_lookup_sum(impls, given, code, bool(insert), names)
+        names, impls, batches = self._lookup_batches(features)
+        outs = _core.group_lookup_sum(impls, batches, code, bool(insert), names)
         if outs is None:
-            impls = []
-            checked: list[tuple[Any, ...]] = []
-            for name, feature in zip(names, given):
-                table = self._table(name)
-                if not isinstance(feature, tuple) or len(feature) not in (2, 3):
-                    msg = f"features[{name!r}] must be (keys, offsets) or (keys, offsets, weights)"
-                    raise ValueError(msg)
-                k = _arrays.as_keys(feature[0])
-                off = _arrays.as_offsets(feature[1])
-                impls.append(table._live())
-                w = _arrays.as_weights(feature[2], k.shape[0]) if len(feature) == 3 else None
-                checked.append((k, off) if w is None else (k, off, w))
-            outs = _core.group_lookup_sum(impls, checked, code, bool(insert), names)
-            if outs is None:
-                raise _not_taken(checked)
+            raise _not_taken(batches)
         if insert:  # only inserts evict
             self._deliver_evicted(names)
         return dict(zip(names, outs))
@@ -167,35 +220,77 @@ class TableGroup(Mapping[str, Table]):
 
         ``grads`` maps a table name to ``(keys, offsets, grads)`` or
         ``(keys, offsets, grads, weights)`` with grads float32 ``[bags, dim]``.
+        A bad entry raises an error naming its table, and no table changes.
         """
         code = _arrays.mode_code(mode)
-        names, given = list(grads), list(grads.values())
-        impls = self._live_impls(names)
-        applied = impls is not None and _core.group_apply_gradients(impls, given, code, names)
-        if not applied:
-            impls = []
-            checked: list[tuple[Any, ...]] = []
-            for name, entry in zip(names, given):
-                table = self._table(name)
-                if not isinstance(entry, tuple) or len(entry) not in (3, 4):
-                    msg = (
-                        f"grads[{name!r}] must be (keys, offsets, grads) or "
-                        "(keys, offsets, grads, weights)"
-                    )
-                    raise ValueError(msg)
-                k = _arrays.as_keys(entry[0])
-                off = _arrays.as_offsets(entry[1])
-                impls.append(table._live())
-                g = _arrays.as_grads(entry[2], off.shape[0] - 1, table.dim, "one row per bag")
-                w = _arrays.as_weights(entry[3], k.shape[0]) if len(entry) == 4 else None
-                checked.append((k, off, g) if w is None else (k, off, g, w))
-            if not _core.group_apply_gradients(impls, checked, code, names):
-                raise _not_taken(checked)
+        names, impls, batches = self._apply_batches(grads)
+        if not _core.group_apply_gradients(impls, batches, code, names):
+            raise _not_taken(batches)
         self._deliver_evicted(names)
 
 
+# The core's formats: 1-D arrays with these strides are C-contiguous.
+_ndarray = np.ndarray
+_KEYS = (np.dtype(np.uint64), np.dtype(np.int64))
+_INT64 = (np.dtype(np.int64),)
+_FLOAT32 = (np.dtype(np.float32),)
+_STRIDES_8 = (8,)
+_STRIDES_4 = (4,)
+
+
+def _as_is_weights(w: Any, n: int) -> bool:
+    """Whether weights are in the core's format (float32 [n], C-contiguous)."""
+    return (
+        type(w) is _ndarray and w.dtype in _FLOAT32 and w.strides == _STRIDES_4 and w.shape[0] == n
+    )
+
+
+def _as_is_grads(entry: tuple[Any, ...], dim: int) -> bool:
+    """Whether a ``grads`` entry is in the core's formats (the ids as for a lookup; grads
+    float32 [bags, dim] C-contiguous; weights None or as for a lookup)."""
+    k, off, g = entry[0], entry[1], entry[2]
+    w = entry[3] if len(entry) == 4 else None
+    return (
+        type(k) is _ndarray
+        and k.dtype in _KEYS
+        and k.strides == _STRIDES_8
+        and type(off) is _ndarray
+        and off.dtype in _INT64
+        and off.strides == _STRIDES_8
+        and off.shape[0] > 0
+        and type(g) is _ndarray
+        and g.dtype in _FLOAT32
+        and g.shape == (off.shape[0] - 1, dim)
+        and g.flags.c_contiguous
+        and (w is None or _as_is_weights(w, k.shape[0]))
+    )
+
+
+def _lookup_batch(entry: Any, dim: int) -> tuple[Any, ...]:
+    """``(keys, offsets[, weights])`` in the core's formats."""
+    if not isinstance(entry, tuple) or len(entry) not in (2, 3):
+        msg = "must be (keys, offsets) or (keys, offsets, weights)"
+        raise ValueError(msg)
+    k = _arrays.core_keys(entry[0])
+    off = _arrays.core_offsets(entry[1])
+    w = _arrays.core_weights(entry[2], k.shape[0]) if len(entry) == 3 else None
+    return (k, off) if w is None else (k, off, w)
+
+
+def _apply_batch(entry: Any, dim: int) -> tuple[Any, ...]:
+    """``(keys, offsets, grads[, weights])`` in the core's formats."""
+    if not isinstance(entry, tuple) or len(entry) not in (3, 4):
+        msg = "must be (keys, offsets, grads) or (keys, offsets, grads, weights)"
+        raise ValueError(msg)
+    k = _arrays.core_keys(entry[0])
+    off = _arrays.core_offsets(entry[1])
+    g = _arrays.core_grads(entry[2], off.shape[0] - 1, dim)
+    w = _arrays.core_weights(entry[3], k.shape[0]) if len(entry) == 4 else None
+    return (k, off, g) if w is None else (k, off, g, w)
+
+
 def _not_taken(checked: list[tuple[Any, ...]]) -> RuntimeError:
-    """The error for converted arrays the core still refused: a bug in embstore, not in the
-    caller's input (nothing ran)."""
+    """The error for arrays in the core's formats that the core still refused: a bug in
+    embstore, not in the caller's input (nothing ran)."""
     forms = [tuple((a.dtype.str, a.shape, a.flags.c_contiguous) for a in f) for f in checked]
     return RuntimeError(f"embstore internal error: the core refused converted arrays {forms}")
