@@ -33,6 +33,8 @@ class TableInternals:
 
     def __init__(self, spec: TableSpec) -> None:
         self.spec = spec
+        #: ``spec.padding_id`` as a uint64 key, or None (read on every call).
+        self.padding_key = spec.padding_key
         self.core: _core.Table | None = make_core(spec)
         # The id of the last committed checkpoint (or of the one loaded from): the parent of
         # the next save_delta. Guarded by checkpoint_lock.

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _core
+from embstore import _arrays, _core, _padding
 from embstore._persist import load as _load
 from embstore._persist import save as _save
 from embstore.table import Table
@@ -49,6 +49,10 @@ class TableGroup(Mapping[str, Table]):
                 raise TypeError(msg)
         self._tables: dict[str, Table] = dict(tables)
         self._states = {name: table._internals() for name, table in self._tables.items()}
+        # Tables with a padding id: their batches lose it before the core call.
+        self._padding = {
+            name: s.padding_key for name, s in self._states.items() if s.padding_key is not None
+        }
         for name, state in self._states.items():
             state.adopt_name(name)  # an unnamed table takes the group's name
 
@@ -165,6 +169,8 @@ class TableGroup(Mapping[str, Table]):
             core, batch = self._converted(name, entry, "features", _lookup_batch)
             impls.append(core)
             batches.append(batch)
+        if self._padding:
+            self._drop_padding(names, batches, grads=False)
         return names, impls, batches
 
     def _apply_batches(
@@ -191,7 +197,24 @@ class TableGroup(Mapping[str, Table]):
             core, batch = self._converted(name, entry, "grads", _apply_batch)
             impls.append(core)
             batches.append(batch)
+        if self._padding:
+            self._drop_padding(names, batches, grads=True)
         return names, impls, batches
+
+    def _drop_padding(
+        self, names: list[str], batches: list[tuple[Any, ...]], *, grads: bool
+    ) -> None:
+        """Removes padding ids from the (checked) batches of tables that have one."""
+        for i, name in enumerate(names):
+            pad = self._padding.get(name)
+            if pad is None:
+                continue
+            b = batches[i]
+            w_at = 3 if grads else 2
+            w = b[w_at] if len(b) > w_at else None
+            k, off, w = _padding.drop_from_bags(pad, b[0], b[1], w)
+            head = (k, off, b[2]) if grads else (k, off)
+            batches[i] = head if w is None else (*head, w)
 
     def lookup_sum(
         self,

@@ -57,6 +57,7 @@ class TableSpec:
     name: str | None = None
     admission: CountFilter | None = None
     on_evict: EvictCallback | None = field(default=None, compare=False)
+    padding_id: int | None = None
 
     def __post_init__(self) -> None:
         dim = _arrays.positive_int("dim", self.dim)
@@ -81,6 +82,9 @@ class TableSpec:
         if self.on_evict is not None and not callable(self.on_evict):
             msg = f"on_evict must be callable or None, got {self.on_evict!r}"
             raise TypeError(msg)
+        if self.padding_id is not None:
+            _padding_key(self.padding_id)
+            self._set("padding_id", int(self.padding_id))
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -106,6 +110,11 @@ class TableSpec:
             msg = f"admission must be an embstore.CountFilter or None, got {self.admission!r}"
             raise TypeError(msg)
 
+    @property
+    def padding_key(self) -> int | None:
+        """``padding_id`` as a uint64 key (``-1`` is ``2**64 - 1``), or None."""
+        return None if self.padding_id is None else _padding_key(self.padding_id)
+
     def core_args(self) -> dict[str, Any]:
         """The C++ core's constructor arguments for this spec (0: let the core choose)."""
         admission = self.admission if self.admission is not None else CountFilter(min_count=1)
@@ -120,3 +129,14 @@ class TableSpec:
             **admission._core_args(),
             "stage_evicted": self.on_evict is not None,
         }
+
+
+def _padding_key(value: Any) -> int:
+    """A padding id as the uint64 the core sees (negative ids wrap, as int64 keys do)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        msg = f"padding_id must be an int or None, got {type(value).__name__}"
+        raise TypeError(msg)
+    if not -(2**63) <= int(value) < 2**64:
+        msg = f"padding_id must fit in int64 or uint64, got {value}"
+        raise ValueError(msg)
+    return int(value) % 2**64

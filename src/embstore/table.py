@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _core
+from embstore import _arrays, _core, _padding
 from embstore._internals import TableInternals
 from embstore._persist import exchange as _exchange
 from embstore._persist import load as _load
@@ -74,6 +74,11 @@ class Table:
         several threads each call delivers what it finds waiting, so a batch of evictions may
         reach the callback from another thread's call. :meth:`evict` does not call it (it
         returns the rows) and :meth:`erase` removes rows without export.
+    padding_id : int, optional
+        An id that stands for "no id" (e.g. ``-1``, compared by its 64 bits): it
+        contributes nothing to its bag (nor to a mean's count), reads as zeros in
+        :meth:`lookup`, gets no row and no update (also through a
+        :class:`~embstore.TableGroup`). Default: none, every id is a real id.
 
     Notes
     -----
@@ -108,6 +113,7 @@ class Table:
         name: str | None = None,
         admission: CountFilter | None = None,
         on_evict: EvictCallback | None = None,
+        padding_id: int | None = None,
     ) -> None:
         # None means "the spec's default": leave it out rather than repeat the default here.
         chosen: dict[str, Any] = {"optimizer": optimizer, "initializer": initializer}
@@ -121,6 +127,7 @@ class Table:
             name=name,
             admission=admission,
             on_evict=on_evict,
+            padding_id=padding_id,
         )
         self._state = TableInternals(spec)
 
@@ -337,6 +344,11 @@ class Table:
         return self._state.spec.eviction
 
     @property
+    def padding_id(self) -> int | None:
+        """The id that stands for "no id", or None."""
+        return self._state.spec.padding_id
+
+    @property
     def closed(self) -> bool:
         """True once :meth:`close` has been called."""
         return self._state.closed
@@ -384,7 +396,16 @@ class Table:
         impl = self._live()
         k = _arrays.as_keys(keys)
         result = _arrays.output(out, k.shape[0], self.dim)
-        impl.lookup(keys=k, insert=bool(insert), out=result)
+        pad = self._state.padding_key
+        keep = None if pad is None else _padding.mask(k, pad)
+        if keep is None:
+            impl.lookup(keys=k, insert=bool(insert), out=result)
+        else:  # padding ids read as zeros and are not looked up
+            real = np.ascontiguousarray(k[keep])
+            rows = _arrays.new_rows(real.shape[0], self.dim)
+            impl.lookup(keys=real, insert=bool(insert), out=rows)
+            result[keep] = rows
+            result[~keep] = 0.0
         self._state.deliver_evicted()
         return result
 
@@ -410,6 +431,9 @@ class Table:
         w = _arrays.as_weights(weights, k.shape[0])
         code = _arrays.mode_code(mode)
         result = _arrays.output(out, off.shape[0] - 1, self.dim)
+        pad = self._state.padding_key
+        if pad is not None:
+            k, off, w = _padding.drop_from_bags(pad, k, off, w)
         impl.lookup_sum(keys=k, offsets=off, weights=w, mode=code, insert=bool(insert), out=result)
         self._state.deliver_evicted()
         return result
@@ -440,12 +464,18 @@ class Table:
                 msg = "weights and mode='mean' need offsets (they describe bags)"
                 raise ValueError(msg)
             g = _arrays.as_grads(grads, n, self.dim, "one row per key")
+            pad = self._state.padding_key
+            if pad is not None:
+                k, g = _padding.drop_from_rows(pad, k, g)
             impl.apply_gradients(keys=k, grads=g, offsets=None, weights=None, mode=0)
             self._state.deliver_evicted()
             return
         off = _arrays.as_offsets(offsets)
         w = _arrays.as_weights(weights, n)
         g = _arrays.as_grads(grads, off.shape[0] - 1, self.dim, "one row per bag")
+        pad = self._state.padding_key
+        if pad is not None:
+            k, off, w = _padding.drop_from_bags(pad, k, off, w)
         impl.apply_gradients(keys=k, grads=g, offsets=off, weights=w, mode=code)
         self._state.deliver_evicted()
 

@@ -112,6 +112,10 @@ def import_(t: TableInternals, data: Mapping[str, Any], *, restore: bool = False
     steps: npt.NDArray[np.uint32] | None = None
     if "last_step" in data:
         steps = _uint_array(data["last_step"], "last_step", (n,), 2**32 - 1).astype(np.uint32)
+    pad = t.padding_key
+    if pad is not None and n and bool(np.any(ids == np.uint64(pad))):
+        msg = f"import_: ids must not hold the padding id {t.spec.padding_id}"
+        raise ValueError(msg)
     if n and np.unique(ids).shape[0] != n:
         msg = "import_: ids must be distinct"
         raise ValueError(msg)

@@ -45,6 +45,8 @@ def table_config(t: TableInternals, step: int, step_tracking: bool) -> dict[str,
         "step": step,
         "step_tracking": step_tracking,
     }
+    if spec.padding_id is not None:  # written only when set: older readers ignore it
+        config["padding_id"] = spec.padding_id
     return config
 
 
@@ -94,6 +96,8 @@ class SavedTable:
             self.eviction = str(t["eviction"])
             self.step = int(t["step"])
             self.step_tracking = bool(t["step_tracking"])
+            padding = t.get("padding_id")
+            self.padding_id: int | None = None if padding is None else int(padding)
             self.row_width = int(h["row_width"])
             self.layout = [(str(a), int(b), str(c)) for a, b, c in h["state_layout"]]
             self.optimizer: Optimizer = _build("optimizer", t["optimizer"], _OPTIMIZERS, r)
@@ -141,4 +145,5 @@ class SavedTable:
             name=overrides.get("name", self.name),
             admission=self.admission,
             on_evict=overrides.get("on_evict"),
+            padding_id=self.padding_id,
         )
