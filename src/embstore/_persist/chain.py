@@ -91,7 +91,7 @@ def select(
     for f, r in enumerate(readers):
         ids, steps, removed = _scan_ids(r, scratch)
         if steps.shape[0] != ids.shape[0] or ids.shape[0] != r.num_rows:
-            raise r._error("corrupted (ids and last steps differ in length)")
+            raise r.error("corrupted (ids and last steps differ in length)")
         sizes.append(ids.shape[0])
         r.close()
         # Within a file, removals come before rows (an id removed then re-inserted).

@@ -71,12 +71,12 @@ def header(
 
 def _build(kind: str, spec: Any, registry: dict[str, type[Any]], r: CheckpointReader) -> Any:
     if not isinstance(spec, dict) or spec.get("type") not in registry:
-        raise r._error(f"unknown {kind} in the header: {spec!r}")
+        raise r.error(f"unknown {kind} in the header: {spec!r}")
     params = {k: v for k, v in spec.items() if k != "type"}
     try:
         return registry[spec["type"]](**params)
     except (TypeError, ValueError) as e:
-        raise r._error(f"bad {kind} settings in the header: {e}") from None
+        raise r.error(f"bad {kind} settings in the header: {e}") from None
 
 
 class SavedTable:
@@ -109,13 +109,13 @@ class SavedTable:
                 None if adm is None else _build("admission", adm, {"CountFilter": CountFilter}, r)
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise r._error(f"corrupted header (bad table configuration: {e!r})") from None
+            raise r.error(f"corrupted header (bad table configuration: {e!r})") from None
         if self.layout != state_layout(
             self.optimizer, self.dim
         ) or self.row_width != self.dim + sum(w for _, w, _ in self.layout):
-            raise r._error("corrupted header (state layout does not match the optimizer)")
+            raise r.error("corrupted header (state layout does not match the optimizer)")
         if h.get("kind") not in ("full", "delta"):
-            raise r._error(f"corrupted header (unknown kind {h.get('kind')!r})")
+            raise r.error(f"corrupted header (unknown kind {h.get('kind')!r})")
 
     def same_table_shape(self, other: SavedTable) -> bool:
         """Whether rows of ``other`` fit a table of this configuration."""

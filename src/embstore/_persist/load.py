@@ -107,7 +107,7 @@ def _import_file(
             seen += item.n
             item.release()
     if seen != r.num_rows:
-        raise r._error("corrupted (row count differs from the trailer)")
+        raise r.error("corrupted (row count differs from the trailer)")
     if file_sketch:
         sketches.clear()
         sketches.update(file_sketch)  # the latest file's counters

@@ -39,9 +39,9 @@ def _read_groups(
         if sec.name in names:
             n = sec.shape[0]
             if sec.name != names[len(group)] or (group and group[0].shape[0] != n):
-                raise r._error(f"corrupted (section {sec.number} out of place)")
+                raise r.error(f"corrupted (section {sec.number} out of place)")
             if sec.name == "rows" and sec.shape[1] != width:
-                raise r._error(
+                raise r.error(
                     f"corrupted (section {sec.number} has rows of width {sec.shape[1]}, "
                     f"expected {width})"
                 )
@@ -67,7 +67,7 @@ def _read_groups(
         else:
             r.skip_payload(sec, scratch)
     if group:
-        raise r._error("corrupted (an incomplete row group)")
+        raise r.error("corrupted (an incomplete row group)")
 
 
 def prefetch_groups(r: CheckpointReader, width: int) -> Generator[Any, None, None]:
