@@ -29,10 +29,13 @@ SETTINGS: list[dict[str, Any]] = [
 
 
 def test_table_keywords_and_spec_fields_are_the_same() -> None:
-    """Every keyword of Table is a field of TableSpec, with the same default."""
+    """Every keyword of Table is a field of TableSpec, in the same order, of the same kind
+    (positional or keyword-only), with the same default."""
     table_params = inspect.signature(embstore.Table).parameters
     fields = {f.name: f for f in dataclasses.fields(embstore.TableSpec)}
     assert list(table_params) == list(fields)
+    spec_params = inspect.signature(embstore.TableSpec).parameters
+    assert [p.kind for p in spec_params.values()] == [p.kind for p in table_params.values()]
     spec = embstore.TableSpec(dim=3, capacity=10)
     for name, param in table_params.items():
         if param.default is inspect.Parameter.empty:

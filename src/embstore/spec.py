@@ -8,7 +8,7 @@ table, and ``table.spec`` gives it back (with the current learning rate).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,7 @@ class TableSpec:
 
     dim: int
     capacity: int
+    _: KW_ONLY  # as in Table: everything after capacity is a keyword
     optimizer: Optimizer = field(default_factory=_default_optimizer)
     initializer: Initializer = field(default_factory=_default_initializer)
     num_shards: int | None = None
