@@ -14,6 +14,16 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _arrays, _core, _padding
+from embstore._arrays import (
+    INT64_DTYPE,
+    KEY_DTYPES,
+    NDARRAY,
+    STRIDES_8,
+    apply_entry,
+    as_is_grads,
+    as_is_weights,
+    lookup_entry,
+)
 from embstore._persist import load as _load
 from embstore._persist import save as _save
 from embstore.table import Table
@@ -135,7 +145,7 @@ class TableGroup(Mapping[str, Table]):
         except (TypeError, ValueError) as e:
             raise type(e)(f"table {name!r}: {what}[{name!r}]: {e}") from None
 
-    def _lookup_batches(
+    def lookup_entryes(
         self, features: Any
     ) -> tuple[list[str], list[_core.Table], list[tuple[Any, ...]]]:
         """Each named table's core and its ``features`` entry in the core's formats.
@@ -154,29 +164,29 @@ class TableGroup(Mapping[str, Table]):
                 k, off = entry[0], entry[1]
                 w = entry[2] if len(entry) == 3 else None
                 if (
-                    type(k) is _ndarray
-                    and k.dtype in _KEYS
-                    and k.strides == _STRIDES_8
-                    and type(off) is _ndarray
-                    and off.dtype in _INT64
-                    and off.strides == _STRIDES_8
+                    type(k) is NDARRAY
+                    and k.dtype in KEY_DTYPES
+                    and k.strides == STRIDES_8
+                    and type(off) is NDARRAY
+                    and off.dtype in INT64_DTYPE
+                    and off.strides == STRIDES_8
                     and off.shape[0] > 0
-                    and (w is None or _as_is_weights(w, k.shape[0]))
+                    and (w is None or as_is_weights(w, k.shape[0]))
                 ):
                     impls.append(core)
                     batches.append(entry)
                     continue
-            core, batch = self._converted(name, entry, "features", _lookup_batch)
+            core, batch = self._converted(name, entry, "features", lookup_entry)
             impls.append(core)
             batches.append(batch)
         if self._padding:
             self._drop_padding(names, batches, grads=False)
         return names, impls, batches
 
-    def _apply_batches(
+    def apply_entryes(
         self, grads: Any
     ) -> tuple[list[str], list[_core.Table], list[tuple[Any, ...]]]:
-        """As :meth:`_lookup_batches`, for ``grads`` entries."""
+        """As :meth:`lookup_entryes`, for ``grads`` entries."""
         names = self._checked(grads, "grads")
         impls: list[_core.Table] = []
         batches: list[tuple[Any, ...]] = []
@@ -189,12 +199,12 @@ class TableGroup(Mapping[str, Table]):
                 and state is not None
                 and type(entry) is tuple
                 and 3 <= len(entry) <= 4
-                and _as_is_grads(entry, state.spec.dim)
+                and as_is_grads(entry, state.spec.dim)
             ):
                 impls.append(core)
                 batches.append(entry)
                 continue
-            core, batch = self._converted(name, entry, "grads", _apply_batch)
+            core, batch = self._converted(name, entry, "grads", apply_entry)
             impls.append(core)
             batches.append(batch)
         if self._padding:
@@ -230,7 +240,7 @@ class TableGroup(Mapping[str, Table]):
         A bad entry raises an error naming its table, and no table changes.
         """
         code = _arrays.mode_code(mode)
-        names, impls, batches = self._lookup_batches(features)
+        names, impls, batches = self.lookup_entryes(features)
         outs = _core.group_lookup_sum(impls, batches, code, bool(insert), names)
         if outs is None:
             raise _not_taken(batches)
@@ -246,70 +256,10 @@ class TableGroup(Mapping[str, Table]):
         A bad entry raises an error naming its table, and no table changes.
         """
         code = _arrays.mode_code(mode)
-        names, impls, batches = self._apply_batches(grads)
+        names, impls, batches = self.apply_entryes(grads)
         if not _core.group_apply_gradients(impls, batches, code, names):
             raise _not_taken(batches)
         self._deliver_evicted(names)
-
-
-# The core's formats: 1-D arrays with these strides are C-contiguous.
-_ndarray = np.ndarray
-_KEYS = (np.dtype(np.uint64), np.dtype(np.int64))
-_INT64 = (np.dtype(np.int64),)
-_FLOAT32 = (np.dtype(np.float32),)
-_STRIDES_8 = (8,)
-_STRIDES_4 = (4,)
-
-
-def _as_is_weights(w: Any, n: int) -> bool:
-    """Whether weights are in the core's format (float32 [n], C-contiguous)."""
-    return (
-        type(w) is _ndarray and w.dtype in _FLOAT32 and w.strides == _STRIDES_4 and w.shape[0] == n
-    )
-
-
-def _as_is_grads(entry: tuple[Any, ...], dim: int) -> bool:
-    """Whether a ``grads`` entry is in the core's formats (the ids as for a lookup; grads
-    float32 [bags, dim] C-contiguous; weights None or as for a lookup)."""
-    k, off, g = entry[0], entry[1], entry[2]
-    w = entry[3] if len(entry) == 4 else None
-    return (
-        type(k) is _ndarray
-        and k.dtype in _KEYS
-        and k.strides == _STRIDES_8
-        and type(off) is _ndarray
-        and off.dtype in _INT64
-        and off.strides == _STRIDES_8
-        and off.shape[0] > 0
-        and type(g) is _ndarray
-        and g.dtype in _FLOAT32
-        and g.shape == (off.shape[0] - 1, dim)
-        and g.flags.c_contiguous
-        and (w is None or _as_is_weights(w, k.shape[0]))
-    )
-
-
-def _lookup_batch(entry: Any, dim: int) -> tuple[Any, ...]:
-    """``(keys, offsets[, weights])`` in the core's formats."""
-    if not isinstance(entry, tuple) or len(entry) not in (2, 3):
-        msg = "must be (keys, offsets) or (keys, offsets, weights)"
-        raise ValueError(msg)
-    k = _arrays.core_keys(entry[0])
-    off = _arrays.core_offsets(entry[1])
-    w = _arrays.core_weights(entry[2], k.shape[0]) if len(entry) == 3 else None
-    return (k, off) if w is None else (k, off, w)
-
-
-def _apply_batch(entry: Any, dim: int) -> tuple[Any, ...]:
-    """``(keys, offsets, grads[, weights])`` in the core's formats."""
-    if not isinstance(entry, tuple) or len(entry) not in (3, 4):
-        msg = "must be (keys, offsets, grads) or (keys, offsets, grads, weights)"
-        raise ValueError(msg)
-    k = _arrays.core_keys(entry[0])
-    off = _arrays.core_offsets(entry[1])
-    g = _arrays.core_grads(entry[2], off.shape[0] - 1, dim)
-    w = _arrays.core_weights(entry[3], k.shape[0]) if len(entry) == 4 else None
-    return (k, off, g) if w is None else (k, off, g, w)
 
 
 def _not_taken(checked: list[tuple[Any, ...]]) -> RuntimeError:
