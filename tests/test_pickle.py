@@ -118,6 +118,18 @@ def test_group_pickles_with_its_tables(rng: np.random.Generator) -> None:
         assert_rows_equal(out_g[name], out_h[name])
 
 
+class _Labelled(embstore.Table):
+    """A subclass (module-level, so pickle finds it)."""
+
+
+def test_a_subclass_pickles_as_itself() -> None:
+    t = _Labelled(dim=2, capacity=10)
+    t.lookup(u64([1, 2]))
+    u = pickle.loads(pickle.dumps(t))
+    assert type(u) is _Labelled
+    _assert_equal_tables(t, u)
+
+
 def test_unpicklable_callback_and_closed_table_raise() -> None:
     t = embstore.Table(dim=2, capacity=10, on_evict=lambda ids, values: None)
     with pytest.raises((pickle.PicklingError, AttributeError)):

@@ -147,7 +147,7 @@ class Table:
         return table
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_unpickle, (self._state.spec, _exchange.dump(self._state)))
+        return (_unpickle, (type(self), self._state.spec, _exchange.dump(self._state)))
 
     def _internals(self) -> TableInternals:
         """The explicitly internal interface (core, spec, checkpoint chain) that
@@ -516,8 +516,8 @@ class Table:
         self._live().reset_timers()
 
 
-def _unpickle(spec: TableSpec, payload: dict[str, Any]) -> Table:
-    """A pickled table: a new table of ``spec`` holding the pickled rows and counters."""
-    table = Table.from_spec(spec)
+def _unpickle(cls: type[Table], spec: TableSpec, payload: dict[str, Any]) -> Table:
+    """A pickled table: a new ``cls`` of ``spec`` holding the pickled rows and counters."""
+    table = cls.from_spec(spec)
     _exchange.restore(table._internals(), payload)
     return table
