@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -31,7 +32,8 @@ from reference import (
 )
 
 import embstore
-from embstore import _persist, checkpoint
+from embstore import checkpoint
+from embstore._persist import buffers as _buffers
 
 OPTIMIZERS: list[OptSpec] = [
     SGDSpec(lr=0.5),
@@ -431,8 +433,8 @@ def test_save_resets_the_delta_base(tmp_path: Path) -> None:
 def test_failed_save_keeps_dirty_rows_and_removed_ids(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_persist, "CHUNK_BYTES", 64)
-    monkeypatch.setattr(_persist, "MIN_CHUNK_ROWS", 4)
+    monkeypatch.setattr(_buffers, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(_buffers, "MIN_CHUNK_ROWS", 4)
     t = embstore.Table(dim=2, capacity=1000, num_shards=4, optimizer=embstore.SGD(lr=0.1))
     t.lookup(np.arange(200))
     t.save(tmp_path / "b")
@@ -462,13 +464,33 @@ def test_failed_save_keeps_dirty_rows_and_removed_ids(
     assert_same_rows(t, embstore.Table.load(tmp_path / "b", [tmp_path / "d"]))
 
 
-def test_save_to_a_missing_directory_raises_and_changes_nothing(tmp_path: Path) -> None:
+def test_save_creates_a_missing_directory_as_a_group_save_does(tmp_path: Path) -> None:
+    """Table.save and save_delta create the directory they write into, as TableGroup.save
+    does (one behaviour for both)."""
+    t = embstore.Table(dim=2, capacity=100)
+    t.lookup(np.arange(10))
+    t.save(tmp_path / "new" / "b")
+    t.lookup(np.arange(10, 12))
+    t.save_delta(tmp_path / "other" / "dir" / "d")
+    assert sorted(checkpoint.read(tmp_path / "other" / "dir" / "d")["ids"].tolist()) == [10, 11]
+    assert_same_rows(
+        t, embstore.Table.load(tmp_path / "new" / "b", [tmp_path / "other" / "dir" / "d"])
+    )
+
+
+def test_save_where_no_directory_can_be_made_raises_and_changes_nothing(tmp_path: Path) -> None:
+    """A file in the way of the directory: the error names the path, and the table's delta
+    chain is as before (the next delta follows the last good save)."""
     t = embstore.Table(dim=2, capacity=100)
     t.lookup(np.arange(10))
     t.save(tmp_path / "b")
     t.lookup(np.arange(10, 12))
-    with pytest.raises(FileNotFoundError):
-        t.save_delta(tmp_path / "no" / "such" / "dir")
+    (tmp_path / "file").write_bytes(b"")
+    where = re.escape(str(tmp_path / "file"))
+    with pytest.raises(OSError, match=where):
+        t.save_delta(tmp_path / "file" / "dir" / "d")
+    with pytest.raises(OSError, match=where):
+        embstore.TableGroup({"t": t}).save(tmp_path / "file" / "group")
     t.save_delta(tmp_path / "d")
     assert sorted(checkpoint.read(tmp_path / "d")["ids"].tolist()) == [10, 11]
 
@@ -754,8 +776,8 @@ def test_a_load_that_fails_midway_stops_its_reader_thread(
 ) -> None:
     import threading
 
-    monkeypatch.setattr(_persist, "CHUNK_BYTES", 64)
-    monkeypatch.setattr(_persist, "MIN_CHUNK_ROWS", 4)
+    monkeypatch.setattr(_buffers, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(_buffers, "MIN_CHUNK_ROWS", 4)
     t = embstore.Table(dim=2, capacity=1000, num_shards=2)
     t.lookup(np.arange(500))
     t.save(tmp_path / "b")

@@ -23,7 +23,8 @@ import pytest
 from helpers import u64
 
 import embstore
-from embstore import _persist, checkpoint
+from embstore import checkpoint
+from embstore._persist import buffers as _buffers
 
 pytestmark = pytest.mark.slow
 
@@ -35,9 +36,9 @@ EPS = np.float32(1e-8)
 @pytest.fixture
 def slow_saves(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks of 16 rows and 1 ms per chunk copied out: a snapshot takes a while."""
-    monkeypatch.setattr(_persist, "CHUNK_BYTES", 16)
-    monkeypatch.setattr(_persist, "MIN_CHUNK_ROWS", 16)
-    monkeypatch.setattr(_persist, "_chunk_hook", lambda: time.sleep(0.001))
+    monkeypatch.setattr(_buffers, "CHUNK_BYTES", 16)
+    monkeypatch.setattr(_buffers, "MIN_CHUNK_ROWS", 16)
+    monkeypatch.setattr(_buffers, "chunk_hook", lambda: time.sleep(0.001))
 
 
 def adagrad_trajectory(steps: int, dim: int) -> tuple[np.ndarray, np.ndarray]:

@@ -219,6 +219,130 @@ def test_bad_group_calls_change_nothing(call: Any, exc: type[Exception], match: 
         assert_unchanged(before[name], snapshot(group[name], probe))
 
 
+_OK = (u64([5]), np.array([0, 1], np.int64))  # a valid "user" entry
+_G4 = np.ones((1, 4), np.float32)
+_G7 = np.ones((1, 7), np.float32)
+
+
+def _both(item: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
+    """A lookup with a valid first table and ``item`` for the second."""
+    return {"user": _OK, "item": item}
+
+
+def _both_apply(item: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
+    return {"user": (*_OK, _G4), "item": item}
+
+
+def _close_item(g: embstore.TableGroup) -> None:
+    g["item"].close()
+    g.lookup_sum(_both((u64([1]), [0, 1])))
+
+
+# (id, call, exception, what the message names besides the table "item")
+ERRORS_NAMING_THE_TABLE: list[Any] = [
+    ("keys_float", lambda g: g.lookup_sum(_both((np.array([1.0]), [0, 1]))), TypeError, "keys"),
+    ("keys_2d", lambda g: g.lookup_sum(_both((u64([[1]]), [0, 1]))), ValueError, "keys"),
+    ("offsets_float", lambda g: g.lookup_sum(_both((u64([1]), [0.0, 1.0]))), TypeError, "offsets"),
+    (
+        "offsets_empty",
+        lambda g: g.lookup_sum(_both((u64([1]), np.zeros(0, np.int64)))),
+        ValueError,
+        "offsets",
+    ),
+    ("offsets_end", lambda g: g.lookup_sum(_both((u64([1]), [0, 2]))), ValueError, "offsets"),
+    ("offsets_order", lambda g: g.lookup_sum(_both((u64([1]), [0, 2, 1]))), ValueError, "offsets"),
+    (
+        "weights_length",
+        lambda g: g.lookup_sum(_both((u64([1]), [0, 1], np.ones(2, np.float32)))),
+        ValueError,
+        "weights",
+    ),
+    (
+        "weights_dtype",
+        lambda g: g.lookup_sum(_both((u64([1]), [0, 1], np.array(["a"])))),
+        TypeError,
+        "weights",
+    ),
+    ("tuple_length", lambda g: g.lookup_sum(_both((u64([1]),))), ValueError, "keys, offsets"),
+    (
+        "apply_keys_dtype",
+        lambda g: g.apply_gradients(_both_apply((np.array([1.5]), [0, 1], _G7))),
+        TypeError,
+        "keys",
+    ),
+    (
+        "grads_shape",
+        lambda g: g.apply_gradients(_both_apply((u64([1]), [0, 1], _G4))),
+        ValueError,
+        "grads",
+    ),
+    (
+        "grads_int",
+        lambda g: g.apply_gradients(_both_apply((u64([1]), [0, 1], np.ones((1, 7), np.int64)))),
+        TypeError,
+        "grads",
+    ),
+    (
+        "grads_nan",
+        lambda g: g.apply_gradients(_both_apply((u64([1]), [0, 1], np.full((1, 7), np.nan)))),
+        ValueError,
+        "grads",
+    ),
+    (
+        "apply_weights_length",
+        lambda g: g.apply_gradients(_both_apply((u64([1]), [0, 1], _G7, np.ones(3)))),
+        ValueError,
+        "weights",
+    ),
+    (
+        "apply_tuple_length",
+        lambda g: g.apply_gradients(_both_apply((u64([1]), [0, 1]))),
+        ValueError,
+        "keys, offsets, grads",
+    ),
+    ("closed", _close_item, ValueError, "closed"),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "names"),
+    [e[1:] for e in ERRORS_NAMING_THE_TABLE],
+    ids=[e[0] for e in ERRORS_NAMING_THE_TABLE],
+)
+def test_every_group_error_names_the_table(call: Any, exc: type[Exception], names: str) -> None:
+    """Any bad entry (dtype, shape, length, values, NaN, a closed table) raises an error
+    naming its table and the argument; the valid table before it does not change."""
+    group, _ = _group()
+    group["user"].lookup(u64([1, 2, 5]))
+    probe = u64(range(10))
+    before = snapshot(group["user"], probe)
+    with pytest.raises(exc) as info:
+        call(group)
+    assert "'item'" in str(info.value)
+    assert names in str(info.value)
+    assert_unchanged(before, snapshot(group["user"], probe))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda g: g.lookup_sum([("user", _OK)]),
+        lambda g: g.lookup_sum(None),
+        lambda g: g.apply_gradients([("user", (*_OK, _G4))]),
+        lambda g: g.apply_gradients((("user", (*_OK, _G4)),)),
+    ],
+    ids=["lookup_list_of_pairs", "lookup_none", "apply_list_of_pairs", "apply_tuple_of_pairs"],
+)
+def test_a_non_mapping_raises_type_error_naming_the_argument(call: Any) -> None:
+    """features / grads must be mappings (issue 27: a list of pairs was an AttributeError)."""
+    group, _ = _group()
+    group["user"].lookup(u64([1, 2, 5]))
+    before = snapshot(group["user"], u64(range(10)))
+    with pytest.raises(TypeError, match=r"^(features|grads) must be a mapping"):
+        call(group)
+    assert_unchanged(before, snapshot(group["user"], u64(range(10))))
+
+
 def _as_given(feats: dict[str, tuple[Any, ...]], form: str) -> Any:
     """The same batch as a caller might hand it over in `form`."""
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from embstore import checkpoint, metrics
 from embstore._core import CapacityError
+from embstore._version import __version__
 from embstore.admission import CountFilter
 from embstore.checkpoint import CheckpointError
 from embstore.group import TableGroup
 from embstore.initializers import Normal, TruncatedNormal, Uniform, Zeros
 from embstore.optimizers import FTRL, SGD, Adagrad, Adam, RowWiseAdagrad
+from embstore.spec import TableSpec
 from embstore.table import Table
-
-__version__ = "0.1.0"
 
 __all__ = [
     "FTRL",
@@ -35,6 +35,7 @@ __all__ = [
     "RowWiseAdagrad",
     "Table",
     "TableGroup",
+    "TableSpec",
     "TruncatedNormal",
     "Uniform",
     "Zeros",

@@ -80,6 +80,108 @@ def as_grads(grads: Any, rows: int, dim: int, what: str) -> npt.NDArray[np.float
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
+# The core's own formats. Arrays already in them pass through untouched (no copy, no
+# conversion); 1-D arrays with these strides are C-contiguous.
+NDARRAY = np.ndarray
+KEY_DTYPES = (np.dtype(np.uint64), np.dtype(np.int64))
+INT64_DTYPE = (np.dtype(np.int64),)
+FLOAT32_DTYPE = (np.dtype(np.float32),)
+STRIDES_8 = (8,)
+STRIDES_4 = (4,)
+
+
+def core_keys(keys: Any) -> npt.NDArray[np.uint64] | npt.NDArray[np.int64]:
+    """``keys`` as the core takes them: uint64 or int64, 1-D, C-contiguous."""
+    if type(keys) is NDARRAY and keys.dtype in KEY_DTYPES and keys.strides == STRIDES_8:
+        return keys
+    return as_keys(keys)
+
+
+def core_offsets(offsets: Any) -> npt.NDArray[np.int64]:
+    """CSR ``offsets`` as the core takes them: int64, 1-D, C-contiguous, not empty."""
+    if (
+        type(offsets) is NDARRAY
+        and offsets.dtype in INT64_DTYPE
+        and offsets.strides == STRIDES_8
+        and offsets.shape[0]
+    ):
+        return offsets
+    return as_offsets(offsets)
+
+
+def core_weights(weights: Any, n: int) -> npt.NDArray[np.float32] | None:
+    """Per-id ``weights`` as the core takes them: None, or float32 [n] C-contiguous."""
+    if as_is_weights(weights, n):
+        return weights  # type: ignore[no-any-return]
+    return as_weights(weights, n)
+
+
+def core_grads(grads: Any, rows: int, dim: int) -> npt.NDArray[np.float32]:
+    """Per-bag ``grads`` as the core takes them: float32 [rows, dim] C-contiguous."""
+    if (
+        type(grads) is NDARRAY
+        and grads.dtype in FLOAT32_DTYPE
+        and grads.shape == (rows, dim)
+        and grads.flags.c_contiguous
+    ):
+        return grads
+    return as_grads(grads, rows, dim, "one row per bag")
+
+
+def as_is_weights(w: Any, n: int) -> bool:
+    """Whether weights are in the core's format (float32 [n], C-contiguous)."""
+    return (
+        type(w) is NDARRAY
+        and w.dtype in FLOAT32_DTYPE
+        and w.strides == STRIDES_4
+        and w.shape[0] == n
+    )
+
+
+def as_is_grads(entry: tuple[Any, ...], dim: int) -> bool:
+    """Whether a ``grads`` entry is in the core's formats (the ids as for a lookup; grads
+    float32 [bags, dim] C-contiguous; weights None or as for a lookup)."""
+    k, off, g = entry[0], entry[1], entry[2]
+    w = entry[3] if len(entry) == 4 else None
+    return (
+        type(k) is NDARRAY
+        and k.dtype in KEY_DTYPES
+        and k.strides == STRIDES_8
+        and type(off) is NDARRAY
+        and off.dtype in INT64_DTYPE
+        and off.strides == STRIDES_8
+        and off.shape[0] > 0
+        and type(g) is NDARRAY
+        and g.dtype in FLOAT32_DTYPE
+        and g.shape == (off.shape[0] - 1, dim)
+        and g.flags.c_contiguous
+        and (w is None or as_is_weights(w, k.shape[0]))
+    )
+
+
+def lookup_entry(entry: Any, dim: int) -> tuple[Any, ...]:
+    """``(keys, offsets[, weights])`` in the core's formats."""
+    if not isinstance(entry, tuple) or len(entry) not in (2, 3):
+        msg = "must be (keys, offsets) or (keys, offsets, weights)"
+        raise ValueError(msg)
+    k = core_keys(entry[0])
+    off = core_offsets(entry[1])
+    w = core_weights(entry[2], k.shape[0]) if len(entry) == 3 else None
+    return (k, off) if w is None else (k, off, w)
+
+
+def apply_entry(entry: Any, dim: int) -> tuple[Any, ...]:
+    """``(keys, offsets, grads[, weights])`` in the core's formats."""
+    if not isinstance(entry, tuple) or len(entry) not in (3, 4):
+        msg = "must be (keys, offsets, grads) or (keys, offsets, grads, weights)"
+        raise ValueError(msg)
+    k = core_keys(entry[0])
+    off = core_offsets(entry[1])
+    g = core_grads(entry[2], off.shape[0] - 1, dim)
+    w = core_weights(entry[3], k.shape[0]) if len(entry) == 4 else None
+    return (k, off, g) if w is None else (k, off, g, w)
+
+
 def mode_code(mode: str) -> int:
     """Return the core's code for a pooling ``mode`` ("sum" or "mean")."""
     try:

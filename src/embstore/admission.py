@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["CountFilter"]
 
 _MAX_COUNT = 0xFFFF  # the sketch's counters are uint16 and saturate
 _MAX_DEPTH = 16
+_NO_FILTER = {"admission_min_count": 0, "admission_width": 0, "admission_depth": 0}
 
 
 def _int_in(name: str, value: int, low: int, high: int) -> int:
@@ -54,6 +56,17 @@ class CountFilter:
         _int_in("min_count", self.min_count, 1, _MAX_COUNT)
         _int_in("width", self.width, 1, 1 << 40)
         _int_in("depth", self.depth, 1, _MAX_DEPTH)
+
+    def _core_args(self) -> dict[str, Any]:
+        """The core constructor's admission arguments (a min_count of 1 admits every id:
+        no sketch at all)."""
+        if self.min_count <= 1:
+            return dict(_NO_FILTER)
+        return {
+            "admission_min_count": self.min_count,
+            "admission_width": self.width,
+            "admission_depth": self.depth,
+        }
 
     @property
     def bytes(self) -> int:

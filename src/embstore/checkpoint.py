@@ -325,14 +325,16 @@ class CheckpointReader:
             self.close()
             raise
 
-    def _error(self, what: str) -> CheckpointError:
+    def error(self, what: str) -> CheckpointError:
+        """A CheckpointError about this file: its path, then ``what`` (for callers that
+        check the contents further, as the loader does)."""
         return CheckpointError(f"{self.path}: {what}")
 
     def _read_exact(self, n: int, what: str) -> bytes:
         assert self._f is not None
         data = self._f.read(n)
         if data is None or len(data) != n:
-            raise self._error(f"truncated ({what})")
+            raise self.error(f"truncated ({what})")
         return data
 
     def _open(self) -> None:
@@ -340,49 +342,49 @@ class CheckpointReader:
         self.size = os.fstat(self._f.fileno()).st_size
         pre = self._f.read(_PREAMBLE.size)
         if len(pre) < len(MAGIC) or pre[: len(MAGIC)] != MAGIC:
-            raise self._error("not an embstore checkpoint (bad magic bytes)")
+            raise self.error("not an embstore checkpoint (bad magic bytes)")
         if len(pre) < _PREAMBLE.size:
-            raise self._error("truncated (preamble)")
+            raise self.error("truncated (preamble)")
         _, version, hlen, hcrc, pcrc = _PREAMBLE.unpack(pre)
         if _crc(pre[:28]) != pcrc:
-            raise self._error("corrupted preamble (checksum mismatch)")
+            raise self.error("corrupted preamble (checksum mismatch)")
         if version != FORMAT_VERSION:
-            raise self._error(
+            raise self.error(
                 f"unsupported checkpoint format version {version} (this embstore reads "
                 f"version {FORMAT_VERSION})"
             )
         if hlen > _MAX_HEADER or _PREAMBLE.size + hlen > self.size:
-            raise self._error("truncated or corrupted header (bad length)")
+            raise self.error("truncated or corrupted header (bad length)")
         body = self._read_exact(hlen, "header")
         if _crc(body) != hcrc:
-            raise self._error("corrupted header (checksum mismatch)")
+            raise self.error("corrupted header (checksum mismatch)")
         try:
             header = json.loads(body.decode())
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise self._error(f"corrupted header (bad JSON: {e})") from None
+            raise self.error(f"corrupted header (bad JSON: {e})") from None
         if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-            raise self._error("not an embstore checkpoint header")
+            raise self.error("not an embstore checkpoint header")
         self.header: dict[str, Any] = header
         self.header_crc = hcrc
         pad = _pad(_PREAMBLE.size + hlen)
         self._data_start = _PREAMBLE.size + hlen + pad
         # The trailer, found from the end: a truncated file has none.
         if self.size < self._data_start + _TRAILER.size:
-            raise self._error("truncated (no trailer)")
+            raise self.error("truncated (no trailer)")
         self._f.seek(self.size - _TRAILER.size)
         raw = self._read_exact(_TRAILER.size, "trailer")
         magic, count, rows, removed, offset, scrc, thcrc, _, tcrc = _TRAILER.unpack(raw)
         if magic != _TRAILER_MAGIC:
-            raise self._error("truncated or corrupted (no trailer at the end of the file)")
+            raise self.error("truncated or corrupted (no trailer at the end of the file)")
         if _crc(raw[:60]) != tcrc:
-            raise self._error("corrupted trailer (checksum mismatch)")
+            raise self.error("corrupted trailer (checksum mismatch)")
         if offset != self.size - _TRAILER.size or thcrc != hcrc:
-            raise self._error("corrupted trailer (does not match the file)")
+            raise self.error("corrupted trailer (does not match the file)")
         self._f.seek(_PREAMBLE.size + hlen)
         if self._read_exact(pad, "header padding") != b"\0" * pad:
-            raise self._error("corrupted header (non-zero padding)")
+            raise self.error("corrupted header (non-zero padding)")
         if raw[48:60] != b"\0" * 12:
-            raise self._error("corrupted trailer (reserved bytes are not zero)")
+            raise self.error("corrupted trailer (reserved bytes are not zero)")
         self.num_sections: int = count
         self.num_rows: int = rows
         self.num_removed: int = removed
@@ -421,20 +423,20 @@ class CheckpointReader:
             running = zlib.crc32(raw, running) & 0xFFFFFFFF
             magic, index, name, shard, code, n, cols, nbytes, pcrc, hcrc = _SECTION.unpack(raw)
             if magic != _SECTION_MAGIC or _crc(raw[:60]) != hcrc:
-                raise self._error(f"corrupted section {k} header (checksum mismatch)")
+                raise self.error(f"corrupted section {k} header (checksum mismatch)")
             sname = name.rstrip(b"\0").decode("ascii", "replace")
             code = code.rstrip(b"\0")
             if index != k or sname not in SECTIONS or SECTIONS[sname][0] != code:
-                raise self._error(f"corrupted section {k} header (unexpected content)")
+                raise self.error(f"corrupted section {k} header (unexpected content)")
             ndim = SECTIONS[sname][1]
             dtype = DTYPES[code]
             shape = (n, cols) if ndim == 2 else (n,)
             if (ndim == 1 and cols != 0) or nbytes != int(np.prod(shape)) * dtype.itemsize:
-                raise self._error(f"corrupted section {k} header (shape and length differ)")
+                raise self.error(f"corrupted section {k} header (shape and length differ)")
             start = self._pos + _SECTION.size
             end = start + nbytes + _pad(nbytes)
             if end > self.size - _TRAILER.size:
-                raise self._error(f"truncated or corrupted (section {k} overruns the file)")
+                raise self.error(f"truncated or corrupted (section {k} overruns the file)")
             sec = Section(
                 k, sname, None if shard == _NO_SHARD else shard, dtype, shape, nbytes, pcrc, start
             )
@@ -445,7 +447,7 @@ class CheckpointReader:
             msg = "read_payload or skip_payload must be called for each section"
             raise RuntimeError(msg)
         if running != self._sections_crc or self._pos != self.size - _TRAILER.size:
-            raise self._error("corrupted (sections do not match the trailer)")
+            raise self.error("corrupted (sections do not match the trailer)")
 
     def read_payload(self, sec: Section, out: np.ndarray | None = None) -> np.ndarray:
         """Reads and checks the payload of ``sec`` (the section just yielded), into ``out``
@@ -469,10 +471,10 @@ class CheckpointReader:
         while got < sec.nbytes:
             n = self._f.readinto(view[got:])
             if not n:
-                raise self._error(f"truncated (section {sec.number} payload)")
+                raise self.error(f"truncated (section {sec.number} payload)")
             got += n
         if _crc(view) != sec.crc:
-            raise self._error(
+            raise self.error(
                 f"corrupted section {sec.number} ({sec.name}, shard {sec.shard}): checksum mismatch"
             )
         self._skip_padding(sec)
@@ -492,11 +494,11 @@ class CheckpointReader:
         while left:
             n = self._f.readinto(view[: min(left, view.nbytes)])
             if not n:
-                raise self._error(f"truncated (section {sec.number} payload)")
+                raise self.error(f"truncated (section {sec.number} payload)")
             crc = zlib.crc32(view[:n], crc)
             left -= n
         if (crc & 0xFFFFFFFF) != sec.crc:
-            raise self._error(
+            raise self.error(
                 f"corrupted section {sec.number} ({sec.name}, shard {sec.shard}): checksum mismatch"
             )
         self._skip_padding(sec)
@@ -504,7 +506,7 @@ class CheckpointReader:
     def _skip_padding(self, sec: Section) -> None:
         pad = _pad(sec.nbytes)
         if pad and self._read_exact(pad, f"section {sec.number} padding") != b"\0" * pad:
-            raise self._error(f"corrupted section {sec.number} (non-zero padding)")
+            raise self.error(f"corrupted section {sec.number} (non-zero padding)")
         self._pos = sec.offset + sec.nbytes + pad
         self._pending = None
 
@@ -562,7 +564,7 @@ def read(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
             width = int(h["row_width"])
             layout = [(str(a), int(b), str(c)) for a, b, c in h["state_layout"]]
         except (KeyError, TypeError, ValueError):
-            raise r._error("corrupted header (missing fields)") from None
+            raise r.error("corrupted header (missing fields)") from None
         ids: list[np.ndarray] = []
         rows: list[np.ndarray] = []
         steps: list[np.ndarray] = []
@@ -573,7 +575,7 @@ def read(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
                 ids.append(arr)
             elif sec.name == "rows":
                 if arr.shape[1] != width:
-                    raise r._error(f"section {sec.number}: rows of width {arr.shape[1]}")
+                    raise r.error(f"section {sec.number}: rows of width {arr.shape[1]}")
                 rows.append(arr)
             elif sec.name == "last_step":
                 steps.append(arr)
@@ -587,7 +589,7 @@ def read(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
             out["removed"] = _concat(removed, np.uint64, (0,))
         n = out["ids"].shape[0]
         if all_rows.shape[0] != n or out["last_step"].shape[0] != n or n != r.num_rows:
-            raise r._error("corrupted (ids, rows and last steps differ in length)")
+            raise r.error("corrupted (ids, rows and last steps differ in length)")
         return out
 
 

@@ -7,13 +7,25 @@ batch over its worker threads.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _core, _persist
+from embstore import _arrays, _core, _padding
+from embstore._arrays import (
+    INT64_DTYPE,
+    KEY_DTYPES,
+    NDARRAY,
+    STRIDES_8,
+    apply_entry,
+    as_is_grads,
+    as_is_weights,
+    lookup_entry,
+)
+from embstore._persist import load as _load
+from embstore._persist import save as _save
 from embstore.table import Table
 
 __all__ = ["TableGroup"]
@@ -27,6 +39,11 @@ class TableGroup(Mapping[str, Table]):
     tables : Mapping[str, Table]
         The tables by name. The group holds references; closing a table closes it for
         the group too.
+
+    Notes
+    -----
+    A group pickles with its tables (see :class:`Table` on what a pickle holds, and when
+    to prefer the streamed :meth:`save` / :meth:`load`).
     """
 
     def __init__(self, tables: Mapping[str, Table]) -> None:
@@ -41,10 +58,16 @@ class TableGroup(Mapping[str, Table]):
                 msg = f"tables[{name!r}] must be an embstore.Table, got {type(table).__name__}"
                 raise TypeError(msg)
         self._tables: dict[str, Table] = dict(tables)
-        for name, table in self._tables.items():
-            if not table._name_given:  # label metrics with the group's name for it
-                table.name = name
-                table._name_given = True
+        self._states = {name: table._internals() for name, table in self._tables.items()}
+        # Tables with a padding id: their batches lose it before the core call.
+        self._padding = {
+            name: s.padding_key for name, s in self._states.items() if s.padding_key is not None
+        }
+        for name, state in self._states.items():
+            state.adopt_name(name)  # an unnamed table takes the group's name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TableGroup, (self._tables,))
 
     def __getitem__(self, name: str) -> Table:
         return self._tables[name]
@@ -72,9 +95,7 @@ class TableGroup(Mapping[str, Table]):
 
     def _deliver_evicted(self, names: list[str]) -> None:
         for name in names:  # each table's on_evict, after the whole call (no locks held)
-            table = self._tables[name]
-            if table._on_evict is not None:
-                table._deliver_evicted()
+            self._tables[name]._internals().deliver_evicted()
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         """Checkpoint every table into ``directory`` (created if needed): one file per table
@@ -83,7 +104,7 @@ class TableGroup(Mapping[str, Table]):
         older saves are removed once the new manifest is in place. Each table is a
         point-in-time snapshot (see :meth:`Table.save`); the snapshots of all tables begin
         back to back before any is written."""
-        _persist.save_group(self, directory)
+        _save.save_group({n: t._internals() for n, t in self._tables.items()}, directory)
 
     @classmethod
     def load(
@@ -91,7 +112,8 @@ class TableGroup(Mapping[str, Table]):
     ) -> TableGroup:
         """The group saved in ``directory`` by :meth:`save` (``num_threads`` overrides every
         table's). Raises :class:`~embstore.CheckpointError` if any file is bad."""
-        return _persist.load_group(directory, num_threads)
+        loaded = _load.load_group(directory, num_threads)
+        return cls({name: Table._from_internals(t) for name, t in loaded.items()})
 
     def set_step(self, step: int) -> None:
         """``Table.set_step(step)`` on every table of the group."""
@@ -103,17 +125,106 @@ class TableGroup(Mapping[str, Table]):
         each table it touches)."""
         return {name: table.stats() for name, table in self._tables.items()}
 
-    def _live_impls(self, names: Iterable[str]) -> list[_core.Table] | None:
-        """The open tables' cores for ``names``, or None if a name is unknown or its table
-        closed (the caller's checked path then raises the error that says so)."""
-        impls = []
-        for name in names:
-            table = self._tables.get(name)
-            impl = None if table is None else table._impl
-            if impl is None:
-                return None
-            impls.append(impl)
-        return impls
+    def _checked(self, given: Any, what: str) -> list[str]:
+        if not isinstance(given, Mapping):
+            msg = (
+                f"{what} must be a mapping of table name -> tuple of arrays, "
+                f"got {type(given).__name__}"
+            )
+            raise TypeError(msg)
+        return list(given)
+
+    def _converted(
+        self, name: str, entry: Any, what: str, convert: Callable[[Any, int], tuple[Any, ...]]
+    ) -> tuple[_core.Table, tuple[Any, ...]]:
+        """A table's core and its entry converted to the core's formats, or the error that
+        names the table and the argument ``what``."""
+        table = self._table(name)
+        try:
+            return table._internals().live(), convert(entry, table.dim)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"table {name!r}: {what}[{name!r}]: {e}") from None
+
+    def lookup_entryes(
+        self, features: Any
+    ) -> tuple[list[str], list[_core.Table], list[tuple[Any, ...]]]:
+        """Each named table's core and its ``features`` entry in the core's formats.
+
+        An entry already in them goes as it is: the check is spelled out inline because it
+        runs for every table of every call. Any other entry is converted; every check runs
+        before the core is called, so a bad entry changes nothing."""
+        names = self._checked(features, "features")
+        impls: list[_core.Table] = []
+        batches: list[tuple[Any, ...]] = []
+        states = self._states
+        for name, entry in features.items():
+            state = states.get(name)
+            core = None if state is None else state.core
+            if core is not None and type(entry) is tuple and 2 <= len(entry) <= 3:
+                k, off = entry[0], entry[1]
+                w = entry[2] if len(entry) == 3 else None
+                if (
+                    type(k) is NDARRAY
+                    and k.dtype in KEY_DTYPES
+                    and k.strides == STRIDES_8
+                    and type(off) is NDARRAY
+                    and off.dtype in INT64_DTYPE
+                    and off.strides == STRIDES_8
+                    and off.shape[0] > 0
+                    and (w is None or as_is_weights(w, k.shape[0]))
+                ):
+                    impls.append(core)
+                    batches.append(entry)
+                    continue
+            core, batch = self._converted(name, entry, "features", lookup_entry)
+            impls.append(core)
+            batches.append(batch)
+        if self._padding:
+            self._drop_padding(names, batches, grads=False)
+        return names, impls, batches
+
+    def apply_entryes(
+        self, grads: Any
+    ) -> tuple[list[str], list[_core.Table], list[tuple[Any, ...]]]:
+        """As :meth:`lookup_entryes`, for ``grads`` entries."""
+        names = self._checked(grads, "grads")
+        impls: list[_core.Table] = []
+        batches: list[tuple[Any, ...]] = []
+        states = self._states
+        for name, entry in grads.items():
+            state = states.get(name)
+            core = None if state is None else state.core
+            if (
+                core is not None
+                and state is not None
+                and type(entry) is tuple
+                and 3 <= len(entry) <= 4
+                and as_is_grads(entry, state.spec.dim)
+            ):
+                impls.append(core)
+                batches.append(entry)
+                continue
+            core, batch = self._converted(name, entry, "grads", apply_entry)
+            impls.append(core)
+            batches.append(batch)
+        if self._padding:
+            self._drop_padding(names, batches, grads=True)
+        return names, impls, batches
+
+    def _drop_padding(
+        self, names: list[str], batches: list[tuple[Any, ...]], *, grads: bool
+    ) -> None:
+        """Removes padding ids from the (checked) batches of tables that have one."""
+        for i, name in enumerate(names):
+            pad = self._padding.get(name)
+            if pad is None:
+                continue
+            b = batches[i]
+            w_at = 3 if grads else 2
+            w = b[w_at] if len(b) > w_at else None
+            k, off, w = _padding.drop_from_bags(pad, b[0], b[1], w)
+            head = (k, off, b[2]) if grads else (k, off)
+            batches[i] = head if w is None else (*head, w)
 
     def lookup_sum(
         self,
@@ -126,31 +237,13 @@ class TableGroup(Mapping[str, Table]):
 
         ``features`` maps a table name to ``(keys, offsets)`` or ``(keys, offsets, weights)``;
         returns name -> float32 ``[bags, dim]``, as :meth:`Table.lookup_sum` would.
+        A bad entry raises an error naming its table, and no table changes.
         """
         code = _arrays.mode_code(mode)
-        names, given = list(features), list(features.values())
-        impls = self._live_impls(names)
-        # Arrays already in the core's dtypes and layout go straight to it (W4: 8% of a
-        # call's time was this loop in Python); the core returns None for anything else.
-        outs = None
-        if impls is not None:
-            outs = _core.group_lookup_sum(impls, given, code, bool(insert), names)
+        names, impls, batches = self.lookup_entryes(features)
+        outs = _core.group_lookup_sum(impls, batches, code, bool(insert), names)
         if outs is None:
-            impls = []
-            checked: list[tuple[Any, ...]] = []
-            for name, feature in zip(names, given):
-                table = self._table(name)
-                if not isinstance(feature, tuple) or len(feature) not in (2, 3):
-                    msg = f"features[{name!r}] must be (keys, offsets) or (keys, offsets, weights)"
-                    raise ValueError(msg)
-                k = _arrays.as_keys(feature[0])
-                off = _arrays.as_offsets(feature[1])
-                impls.append(table._live())
-                w = _arrays.as_weights(feature[2], k.shape[0]) if len(feature) == 3 else None
-                checked.append((k, off) if w is None else (k, off, w))
-            outs = _core.group_lookup_sum(impls, checked, code, bool(insert), names)
-            if outs is None:
-                raise _not_taken(checked)
+            raise _not_taken(batches)
         if insert:  # only inserts evict
             self._deliver_evicted(names)
         return dict(zip(names, outs))
@@ -160,35 +253,17 @@ class TableGroup(Mapping[str, Table]):
 
         ``grads`` maps a table name to ``(keys, offsets, grads)`` or
         ``(keys, offsets, grads, weights)`` with grads float32 ``[bags, dim]``.
+        A bad entry raises an error naming its table, and no table changes.
         """
         code = _arrays.mode_code(mode)
-        names, given = list(grads), list(grads.values())
-        impls = self._live_impls(names)
-        applied = impls is not None and _core.group_apply_gradients(impls, given, code, names)
-        if not applied:
-            impls = []
-            checked: list[tuple[Any, ...]] = []
-            for name, entry in zip(names, given):
-                table = self._table(name)
-                if not isinstance(entry, tuple) or len(entry) not in (3, 4):
-                    msg = (
-                        f"grads[{name!r}] must be (keys, offsets, grads) or "
-                        "(keys, offsets, grads, weights)"
-                    )
-                    raise ValueError(msg)
-                k = _arrays.as_keys(entry[0])
-                off = _arrays.as_offsets(entry[1])
-                impls.append(table._live())
-                g = _arrays.as_grads(entry[2], off.shape[0] - 1, table.dim, "one row per bag")
-                w = _arrays.as_weights(entry[3], k.shape[0]) if len(entry) == 4 else None
-                checked.append((k, off, g) if w is None else (k, off, g, w))
-            if not _core.group_apply_gradients(impls, checked, code, names):
-                raise _not_taken(checked)
+        names, impls, batches = self.apply_entryes(grads)
+        if not _core.group_apply_gradients(impls, batches, code, names):
+            raise _not_taken(batches)
         self._deliver_evicted(names)
 
 
 def _not_taken(checked: list[tuple[Any, ...]]) -> RuntimeError:
-    """The error for converted arrays the core still refused: a bug in embstore, not in the
-    caller's input (nothing ran)."""
+    """The error for arrays in the core's formats that the core still refused: a bug in
+    embstore, not in the caller's input (nothing ran)."""
     forms = [tuple((a.dtype.str, a.shape, a.flags.c_contiguous) for a in f) for f in checked]
     return RuntimeError(f"embstore internal error: the core refused converted arrays {forms}")

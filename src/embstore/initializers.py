@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 __all__ = ["Initializer", "Normal", "TruncatedNormal", "Uniform", "Zeros"]
 
@@ -34,6 +35,10 @@ def _seed(value: int) -> int:
 class Zeros:
     """Every element starts at 0."""
 
+    def _core_args(self) -> dict[str, Any]:
+        """The core constructor's initializer arguments."""
+        return {"initializer": 0, "init_a": 0.0, "init_b": 0.0, "seed": 0}
+
 
 @dataclass(frozen=True)
 class Uniform:
@@ -51,6 +56,10 @@ class Uniform:
         object.__setattr__(self, "low", low)
         object.__setattr__(self, "high", high)
         object.__setattr__(self, "seed", _seed(self.seed))
+
+    def _core_args(self) -> dict[str, Any]:
+        """The core constructor's initializer arguments."""
+        return {"initializer": 1, "init_a": self.low, "init_b": self.high, "seed": self.seed}
 
 
 @dataclass(frozen=True)
@@ -70,10 +79,19 @@ class Normal:
         object.__setattr__(self, "mean", _finite("mean", self.mean))
         object.__setattr__(self, "seed", _seed(self.seed))
 
+    _CORE_CODE: ClassVar[int] = 2
+
+    def _core_args(self) -> dict[str, Any]:
+        """The core constructor's initializer arguments."""
+        code = self._CORE_CODE
+        return {"initializer": code, "init_a": self.mean, "init_b": self.std, "seed": self.seed}
+
 
 @dataclass(frozen=True)
 class TruncatedNormal(Normal):
     """As :class:`Normal`, redrawing any element beyond two standard deviations."""
+
+    _CORE_CODE: ClassVar[int] = 3
 
 
 Initializer = Zeros | Uniform | Normal | TruncatedNormal

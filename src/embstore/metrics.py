@@ -41,12 +41,17 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from embstore import _core
 
-if TYPE_CHECKING:
-    from embstore.table import Table
+
+class _Tracked(Protocol):
+    """What metrics needs of a table (its internals, which register themselves)."""
+
+    name: str
+    core: _core.Table | None
+
 
 __all__ = [
     "PerfReporter",
@@ -58,18 +63,18 @@ __all__ = [
     "reset",
 ]
 
-_tables: weakref.WeakSet[Table] = weakref.WeakSet()
+_tables: weakref.WeakSet[_Tracked] = weakref.WeakSet()
 _ids = itertools.count()
 
 
-def register(table: Table) -> str:
+def register(table: _Tracked) -> str:
     """Track ``table`` for :func:`reset` and the reports; returns a default name for it."""
     _tables.add(table)
     return f"table{next(_ids)}"
 
 
-def _open_tables() -> list[Table]:
-    return sorted((t for t in list(_tables) if not t.closed), key=lambda t: t.name)
+def _open_tables() -> list[_Tracked]:
+    return sorted((t for t in list(_tables) if t.core is not None), key=lambda t: t.name)
 
 
 def enable(on: bool = True) -> None:
@@ -85,17 +90,17 @@ def enabled() -> bool:
 def reset() -> None:
     """Start a new window: clear the latency histograms of every open table."""
     for table in _open_tables():
-        table.reset_metrics()
+        core = table.core
+        if core is not None:  # else closed meanwhile
+            core.reset_timers()
 
 
-def _stats(table: Table) -> dict[str, Any] | None:
-    try:
-        return table.stats()
-    except ValueError:  # closed meanwhile
-        return None
+def _stats(table: _Tracked) -> dict[str, Any] | None:
+    core = table.core
+    return None if core is None else dict(core.stats())  # None: closed meanwhile
 
 
-def _format_lines(stamp: str, table: Table, latency: dict[str, Any]) -> list[str]:
+def _format_lines(stamp: str, table: _Tracked, latency: dict[str, Any]) -> list[str]:
     return [
         f"{stamp} table={table.name} name={name} count={h['count']} "
         f"p50_us={h['p50_us']:.1f} p95_us={h['p95_us']:.1f} "
@@ -121,7 +126,7 @@ class _Windows:
     """Per-table histogram snapshots: each call returns what was recorded since the last."""
 
     def __init__(self) -> None:
-        self._last: weakref.WeakKeyDictionary[Table, _core.TimerSnapshot] = (
+        self._last: weakref.WeakKeyDictionary[_Tracked, _core.TimerSnapshot] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -129,7 +134,7 @@ class _Windows:
         stamp = f"{time.time() if now is None else now:.3f}"
         lines = []
         for table in _open_tables():
-            impl = table._impl
+            impl = table.core
             if impl is None:  # closed meanwhile
                 continue
             snap = impl.timer_snapshot()

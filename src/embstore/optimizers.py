@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 __all__ = [
     "FTRL",
@@ -60,6 +61,25 @@ def _set(obj: object, name: str, value: float) -> None:
     object.__setattr__(obj, name, value)
 
 
+# The core's constructor takes every optimizer's parameters; these fill the ones the chosen
+# optimizer does not read (any valid value would do).
+_CORE_UNUSED: dict[str, float] = {
+    "eps": 1e-8,
+    "initial_accumulator": 0.0,
+    "momentum": 0.0,
+    "beta1": 0.9,
+    "beta2": 0.999,
+    "weight_decay": 0.0,
+    "ftrl_beta": 1.0,
+    "l1": 0.0,
+    "l2": 0.0,
+}
+
+
+def _core_args(code: int, lr: float, **own: float) -> dict[str, Any]:
+    return {**_CORE_UNUSED, "optimizer": code, "lr": lr, **own}
+
+
 @dataclass(frozen=True)
 class SGD:
     """Stochastic gradient descent: ``w -= lr * g``.
@@ -73,6 +93,10 @@ class SGD:
     def __post_init__(self) -> None:
         _set(self, "lr", _positive_finite("lr", self.lr))
         _set(self, "momentum", _unit_interval("momentum", self.momentum))
+
+    def _core_args(self) -> dict[str, Any]:
+        """The core constructor's optimizer arguments."""
+        return _core_args(0, self.lr, momentum=self.momentum)
 
 
 @dataclass(frozen=True)
@@ -92,11 +116,24 @@ class Adagrad:
             _non_negative("initial_accumulator", self.initial_accumulator),
         )
 
+    _CORE_CODE: ClassVar[int] = 1
+
+    def _core_args(self) -> dict[str, Any]:
+        """The core constructor's optimizer arguments."""
+        return _core_args(
+            self._CORE_CODE,
+            self.lr,
+            eps=self.eps,
+            initial_accumulator=self.initial_accumulator,
+        )
+
 
 @dataclass(frozen=True)
 class RowWiseAdagrad(Adagrad):
     """Row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD): one accumulator per row,
     ``acc += mean(g*g)``, then ``w -= lr * g / (sqrt(acc) + eps)``."""
+
+    _CORE_CODE: ClassVar[int] = 2
 
 
 @dataclass(frozen=True)
@@ -120,6 +157,17 @@ class Adam:
         _set(self, "eps", _positive_finite("eps", self.eps))
         _set(self, "weight_decay", _non_negative("weight_decay", self.weight_decay))
 
+    def _core_args(self) -> dict[str, Any]:
+        """The core constructor's optimizer arguments."""
+        return _core_args(
+            3,
+            self.lr,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+        )
+
 
 @dataclass(frozen=True)
 class FTRL:
@@ -139,6 +187,10 @@ class FTRL:
         _set(self, "beta", _non_negative("beta", self.beta))
         _set(self, "l1", _non_negative("l1", self.l1))
         _set(self, "l2", _non_negative("l2", self.l2))
+
+    def _core_args(self) -> dict[str, Any]:
+        """The core constructor's optimizer arguments."""
+        return _core_args(4, self.alpha, ftrl_beta=self.beta, l1=self.l1, l2=self.l2)
 
 
 Optimizer = SGD | Adagrad | RowWiseAdagrad | Adam | FTRL

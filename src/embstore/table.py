@@ -9,48 +9,28 @@ from __future__ import annotations
 
 import math
 import os
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _core, _persist, checkpoint, metrics
+from embstore import _arrays, _core, _padding
+from embstore._internals import TableInternals
+from embstore._persist import exchange as _exchange
+from embstore._persist import load as _load
+from embstore._persist import save as _save
 from embstore.admission import CountFilter
-from embstore.initializers import Initializer, Normal, TruncatedNormal, Uniform, Zeros
-from embstore.optimizers import (
-    FTRL,
-    SGD,
-    Adagrad,
-    Adam,
-    Optimizer,
-    RowWiseAdagrad,
-    learning_rate,
-    state_layout,
-    with_learning_rate,
-)
+from embstore.initializers import Initializer
+from embstore.optimizers import Optimizer, with_learning_rate
+from embstore.spec import EvictCallback, TableSpec
 
 if TYPE_CHECKING:  # typing.Self needs Python 3.11; annotations are never evaluated at run time
     from typing_extensions import Self
 
-__all__ = ["Table"]
+__all__ = ["EvictCallback", "Table"]
 
-_EVICTION = {"none": 0, "clock": 1}
-_OPTIMIZER = {SGD: 0, Adagrad: 1, RowWiseAdagrad: 2, Adam: 3, FTRL: 4}
-_INITIALIZER = {Zeros: 0, Uniform: 1, Normal: 2, TruncatedNormal: 3}
 _MAX_STEP = 2**32 - 1
-
-#: ``on_evict(ids, values)``: uint64 ``[k]`` and float32 ``[k, dim]`` of rows CLOCK evicted.
-EvictCallback = Callable[[npt.NDArray[np.uint64], npt.NDArray[np.float32]], object]
-
-
-def _initializer_args(init: Initializer) -> tuple[int, float, float, int]:
-    if isinstance(init, Zeros):
-        return 0, 0.0, 0.0, 0
-    if isinstance(init, Uniform):
-        return 1, init.low, init.high, init.seed
-    return _INITIALIZER[type(init)], init.mean, init.std, init.seed
 
 
 class Table:
@@ -94,9 +74,25 @@ class Table:
         several threads each call delivers what it finds waiting, so a batch of evictions may
         reach the callback from another thread's call. :meth:`evict` does not call it (it
         returns the rows) and :meth:`erase` removes rows without export.
+    padding_id : int, optional
+        An id that stands for "no id" (e.g. ``-1``, compared by its 64 bits): it
+        contributes nothing to its bag (nor to a mean's count), reads as zeros in
+        :meth:`lookup`, gets no row and no update (also through a
+        :class:`~embstore.TableGroup`). Default: none, every id is a real id.
 
     Notes
     -----
+    The settings are one :class:`~embstore.TableSpec` (:attr:`spec`);
+    ``Table.from_spec(spec)`` builds the same table as ``Table(**kwargs)``.
+
+    Pickling (so ``copy.deepcopy``, ``torch.save(model)`` and multiprocessing work): the
+    pickle holds the spec and every row with its optimizer state and last step, the
+    current step and the admission counters; unpickling builds an equal table that trains
+    on bit for bit like the original (it starts no delta chain, and its statistics start at
+    zero). The pickle holds all rows in memory at once: for big tables prefer the streamed
+    :meth:`save` / :meth:`load`, which copy one chunk at a time while training goes on. An
+    ``on_evict`` callback must be picklable itself (a module-level function, not a lambda).
+
     Thread safety: every method may be called from any number of threads at once. Writers
     lock each shard once per batch; lookups read without locks (a per-shard seqlock
     validates each row read) unless they must insert; reads are row-consistent (never
@@ -117,91 +113,67 @@ class Table:
         name: str | None = None,
         admission: CountFilter | None = None,
         on_evict: EvictCallback | None = None,
+        padding_id: int | None = None,
     ) -> None:
-        dim = _arrays.positive_int("dim", dim)
-        capacity = _arrays.positive_int("capacity", capacity)
-        if optimizer is None:
-            optimizer = Adagrad(lr=0.01)
-        if type(optimizer) not in _OPTIMIZER:
-            msg = (
-                "optimizer must be embstore.SGD, Adagrad, RowWiseAdagrad, Adam or FTRL, "
-                f"got {optimizer!r}"
-            )
-            raise TypeError(msg)
-        if initializer is None:
-            initializer = Normal(std=0.01, seed=0)
-        if type(initializer) not in _INITIALIZER:
-            msg = f"initializer must be an embstore initializer, got {initializer!r}"
-            raise TypeError(msg)
-        if eviction not in _EVICTION:
-            msg = f"eviction must be 'clock' or 'none', got {eviction!r}"
-            raise ValueError(msg)
-        shards = 0
-        if num_shards is not None:
-            shards = _arrays.positive_int("num_shards", num_shards)
-            if shards & (shards - 1):
-                msg = f"num_shards must be a power of two, got {shards}"
-                raise ValueError(msg)
-            if shards > capacity:
-                msg = f"num_shards ({shards}) must not exceed capacity ({capacity})"
-                raise ValueError(msg)
-        threads = 0 if num_threads is None else _arrays.positive_int("num_threads", num_threads)
-        if admission is not None and not isinstance(admission, CountFilter):
-            msg = f"admission must be an embstore.CountFilter or None, got {admission!r}"
-            raise TypeError(msg)
-        if on_evict is not None and not callable(on_evict):
-            msg = f"on_evict must be callable or None, got {on_evict!r}"
-            raise TypeError(msg)
-        filtered = admission is not None and admission.min_count > 1
-        kind, a, b, seed = _initializer_args(initializer)
-        self._optimizer: Optimizer = optimizer
-        self._initializer: Initializer = initializer
-        self._eviction = eviction
-        self._impl: _core.Table | None = _core.Table(
-            dim=dim,
-            capacity=capacity,
-            num_shards=shards,
-            num_threads=threads,
-            eviction=_EVICTION[eviction],
-            optimizer=_OPTIMIZER[type(optimizer)],
-            lr=learning_rate(optimizer),
-            eps=getattr(optimizer, "eps", 1e-8),
-            initial_accumulator=getattr(optimizer, "initial_accumulator", 0.0),
-            momentum=getattr(optimizer, "momentum", 0.0),
-            beta1=getattr(optimizer, "beta1", 0.9),
-            beta2=getattr(optimizer, "beta2", 0.999),
-            weight_decay=getattr(optimizer, "weight_decay", 0.0),
-            ftrl_beta=optimizer.beta if isinstance(optimizer, FTRL) else 1.0,
-            l1=getattr(optimizer, "l1", 0.0),
-            l2=getattr(optimizer, "l2", 0.0),
-            initializer=kind,
-            init_a=a,
-            init_b=b,
-            seed=seed,
-            admission_min_count=admission.min_count if filtered and admission else 0,
-            admission_width=admission.width if filtered and admission else 0,
-            admission_depth=admission.depth if filtered and admission else 0,
-            stage_evicted=on_evict is not None,
+        # None means "the spec's default": leave it out rather than repeat the default here.
+        chosen: dict[str, Any] = {"optimizer": optimizer, "initializer": initializer}
+        spec = TableSpec(
+            dim,
+            capacity,
+            **{k: v for k, v in chosen.items() if v is not None},
+            num_shards=num_shards,
+            eviction=eviction,
+            num_threads=num_threads,
+            name=name,
+            admission=admission,
+            on_evict=on_evict,
+            padding_id=padding_id,
         )
-        self._admission = admission
-        self._num_threads_arg = num_threads if num_threads is None else threads
-        # The id of this table's last committed checkpoint (or of the one it was loaded
-        # from): the parent of the next save_delta. Guarded by _checkpoint_lock.
-        self._checkpoint_id: str | None = None
-        self._checkpoint_lock = threading.Lock()
-        self._on_evict = on_evict
-        self._delivering = threading.local()
-        self._dim = dim
-        self._name_given = name is not None
-        self.name: str = name if name is not None else metrics.register(self)
-        if name is not None:
-            metrics.register(self)
+        self._state = TableInternals(spec)
+
+    @classmethod
+    def from_spec(cls, spec: TableSpec) -> Table:
+        """A new, empty table with the settings of ``spec``."""
+        if not isinstance(spec, TableSpec):
+            msg = f"spec must be an embstore.TableSpec, got {type(spec).__name__}"
+            raise TypeError(msg)
+        return cls._from_internals(TableInternals(spec))
+
+    @classmethod
+    def _from_internals(cls, state: TableInternals) -> Table:
+        """The facade of ``state`` (persistence builds tables as internals)."""
+        table = cls.__new__(cls)
+        table._state = state
+        return table
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_unpickle, (type(self), self._state.spec, _exchange.dump(self._state)))
+
+    def _internals(self) -> TableInternals:
+        """The explicitly internal interface (core, spec, checkpoint chain) that
+        persistence and :class:`~embstore.TableGroup` work with."""
+        return self._state
 
     # -- properties -------------------------------------------------------------------
     @property
+    def spec(self) -> TableSpec:
+        """The table's settings (with the current learning rate and, for an unnamed table in
+        a group, the group's name for it)."""
+        return self._state.spec
+
+    @property
+    def name(self) -> str:
+        """Labels the table in metrics reports (the given name, the group's, or automatic)."""
+        return self._state.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._state.name = value
+
+    @property
     def dim(self) -> int:
         """Floats per row."""
-        return self._dim
+        return self._state.spec.dim
 
     @property
     def capacity(self) -> int:
@@ -221,7 +193,7 @@ class Table:
     @property
     def optimizer(self) -> Optimizer:
         """The optimizer's current settings (with the current learning rate)."""
-        return self._optimizer
+        return self._state.spec.optimizer
 
     def set_lr(self, lr: float) -> None:
         """Change the learning rate (``alpha`` for FTRL) for every later call.
@@ -234,12 +206,12 @@ class Table:
             msg = f"lr must be a positive finite number, got {lr!r}"
             raise ValueError(msg)
         impl.set_lr(lr)
-        self._optimizer = with_learning_rate(self._optimizer, lr)
+        self._state.set_optimizer(with_learning_rate(self._state.spec.optimizer, lr))
 
     @property
     def admission(self) -> CountFilter | None:
         """The admission filter, or None when every id is admitted."""
-        return self._admission
+        return self._state.spec.admission
 
     @property
     def step(self) -> int:
@@ -281,39 +253,16 @@ class Table:
             msg = f"older_than must be >= 0, got {bound}"
             raise ValueError(msg)
         removed = impl.evict_older_than(step=min(bound, 2**63), with_state=bool(with_state))
-        return self._split_rows(removed["ids"], removed["rows"], with_state=bool(with_state))
+        return self._state.split_rows(removed["ids"], removed["rows"], with_state=bool(with_state))
 
     def state_names(self) -> list[str]:
         """Names of the optimizer state entries of :meth:`evict` (and checkpoints)."""
-        return [name for name, _, _ in state_layout(self._optimizer, self._dim)]
-
-    def _split_rows(
-        self, ids: npt.NDArray[np.uint64], rows: npt.NDArray[np.float32], *, with_state: bool
-    ) -> dict[str, np.ndarray]:
-        if not with_state:
-            return {"ids": ids, "values": np.ascontiguousarray(rows[:, : self._dim])}
-        layout = state_layout(self._optimizer, self._dim)
-        return {"ids": ids, **checkpoint.split_rows(rows, self._dim, layout)}
-
-    def _deliver_evicted(self) -> None:
-        """Hand rows CLOCK evicted to ``on_evict`` (after a call that may insert)."""
-        impl = self._impl
-        if self._on_evict is None or impl is None or impl.evicted_pending == 0:
-            return
-        if getattr(self._delivering, "active", False):
-            return  # a nested call from the callback: the outer loop delivers its rows
-        self._delivering.active = True
-        try:
-            while impl.evicted_pending:
-                batch = impl.drain_evicted()
-                if batch["ids"].shape[0]:
-                    self._on_evict(batch["ids"], batch["rows"])
-        finally:
-            self._delivering.active = False
+        return [name for name, _, _ in self._state.layout()]
 
     # -- persistence ------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write a full checkpoint of the table to ``path``.
+        """Write a full checkpoint of the table to ``path`` (its directory is created if
+        needed, as :meth:`TableGroup.save` does).
 
         The file holds every row (ids, values, optimizer state, last step), the table's
         configuration (dim, capacity, shards, optimizer with its current settings,
@@ -328,7 +277,7 @@ class Table:
         before are in it, calls that start after are not), shards are streamed one chunk
         at a time and rows changed before they are written are copied aside first.
         """
-        _persist.save(self, path, delta=False)
+        _save.save(self._state, path, delta=False)
 
     def save_delta(self, path: str | os.PathLike[str]) -> None:
         """Write an incremental checkpoint: the rows changed since this table's previous
@@ -338,7 +287,7 @@ class Table:
         chain. Same atomicity and point-in-time guarantee as :meth:`save`. Raises
         :class:`~embstore.CheckpointError` if the table has no previous checkpoint.
         """
-        _persist.save(self, path, delta=True)
+        _save.save(self._state, path, delta=True)
 
     @classmethod
     def load(
@@ -364,13 +313,13 @@ class Table:
         count is unchanged (else they start empty). The CLOCK ring starts in file order
         with every reference bit set.
         """
-        return _persist.load(path, deltas, dict(overrides), keep)
+        return cls._from_internals(_load.load(path, deltas, dict(overrides), keep))
 
     def export(self) -> dict[str, np.ndarray]:
         """Every row as numpy arrays: ``ids`` (uint64 ``[n]``), ``values`` (float32
         ``[n, dim]``), one entry per optimizer state (:meth:`state_names`; Adam's ``step``
         is uint32) and ``last_step`` (uint32). A point-in-time copy, as :meth:`save`."""
-        return _persist.export(self)
+        return _exchange.export(self._state)
 
     def import_(self, data: Mapping[str, Any]) -> int:
         """Insert or overwrite rows from a dict shaped like :meth:`export`'s result.
@@ -382,33 +331,39 @@ class Table:
         does (CLOCK may evict; ``CapacityError`` with ``eviction="none"`` when full).
         Returns the number of rows written.
         """
-        return _persist.import_(self, data)
+        return _exchange.import_(self._state, data)
 
     @property
     def initializer(self) -> Initializer:
         """The initializer's settings."""
-        return self._initializer
+        return self._state.spec.initializer
 
     @property
     def eviction(self) -> str:
         """``"clock"`` or ``"none"``."""
-        return self._eviction
+        return self._state.spec.eviction
+
+    @property
+    def padding_id(self) -> int | None:
+        """The id that stands for "no id", or None."""
+        return self._state.spec.padding_id
 
     @property
     def closed(self) -> bool:
         """True once :meth:`close` has been called."""
-        return self._impl is None
+        return self._state.closed
 
     def __len__(self) -> int:
         return len(self._live())
 
     def __repr__(self) -> str:
-        if self._impl is None:
+        impl = self._state.core
+        if impl is None:
             return "<embstore.Table closed>"
         return (
-            f"<embstore.Table dim={self._dim} size={len(self._impl)} "
-            f"capacity={self._impl.capacity} shards={self._impl.num_shards} "
-            f"optimizer={self._optimizer!r}>"
+            f"<embstore.Table dim={self.dim} size={len(impl)} "
+            f"capacity={impl.capacity} shards={impl.num_shards} "
+            f"optimizer={self.optimizer!r}>"
         )
 
     # -- lifecycle --------------------------------------------------------------------
@@ -417,7 +372,7 @@ class Table:
 
         Any later operation raises ValueError. Calling close twice is harmless.
         """
-        self._impl = None
+        self._state.close()
 
     def __enter__(self) -> Self:
         return self
@@ -425,16 +380,8 @@ class Table:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getstate__(self) -> Any:
-        msg = "embstore.Table cannot be pickled"
-        raise TypeError(msg)
-
     def _live(self) -> _core.Table:
-        impl = self._impl
-        if impl is None:
-            msg = "operation on a closed embstore.Table"
-            raise ValueError(msg)
-        return impl
+        return self._state.live()
 
     # -- operations -------------------------------------------------------------------
     def lookup(
@@ -448,9 +395,18 @@ class Table:
         """
         impl = self._live()
         k = _arrays.as_keys(keys)
-        result = _arrays.output(out, k.shape[0], self._dim)
-        impl.lookup(keys=k, insert=bool(insert), out=result)
-        self._deliver_evicted()
+        result = _arrays.output(out, k.shape[0], self.dim)
+        pad = self._state.padding_key
+        keep = None if pad is None else _padding.mask(k, pad)
+        if keep is None:
+            impl.lookup(keys=k, insert=bool(insert), out=result)
+        else:  # padding ids read as zeros and are not looked up
+            real = np.ascontiguousarray(k[keep])
+            rows = _arrays.new_rows(real.shape[0], self.dim)
+            impl.lookup(keys=real, insert=bool(insert), out=rows)
+            result[keep] = rows
+            result[~keep] = 0.0
+        self._state.deliver_evicted()
         return result
 
     def lookup_sum(
@@ -474,9 +430,12 @@ class Table:
         off = _arrays.as_offsets(offsets)
         w = _arrays.as_weights(weights, k.shape[0])
         code = _arrays.mode_code(mode)
-        result = _arrays.output(out, off.shape[0] - 1, self._dim)
+        result = _arrays.output(out, off.shape[0] - 1, self.dim)
+        pad = self._state.padding_key
+        if pad is not None:
+            k, off, w = _padding.drop_from_bags(pad, k, off, w)
         impl.lookup_sum(keys=k, offsets=off, weights=w, mode=code, insert=bool(insert), out=result)
-        self._deliver_evicted()
+        self._state.deliver_evicted()
         return result
 
     def apply_gradients(
@@ -504,15 +463,21 @@ class Table:
             if weights is not None or code != 0:
                 msg = "weights and mode='mean' need offsets (they describe bags)"
                 raise ValueError(msg)
-            g = _arrays.as_grads(grads, n, self._dim, "one row per key")
+            g = _arrays.as_grads(grads, n, self.dim, "one row per key")
+            pad = self._state.padding_key
+            if pad is not None:
+                k, g = _padding.drop_from_rows(pad, k, g)
             impl.apply_gradients(keys=k, grads=g, offsets=None, weights=None, mode=0)
-            self._deliver_evicted()
+            self._state.deliver_evicted()
             return
         off = _arrays.as_offsets(offsets)
         w = _arrays.as_weights(weights, n)
-        g = _arrays.as_grads(grads, off.shape[0] - 1, self._dim, "one row per bag")
+        g = _arrays.as_grads(grads, off.shape[0] - 1, self.dim, "one row per bag")
+        pad = self._state.padding_key
+        if pad is not None:
+            k, off, w = _padding.drop_from_bags(pad, k, off, w)
         impl.apply_gradients(keys=k, grads=g, offsets=off, weights=w, mode=code)
-        self._deliver_evicted()
+        self._state.deliver_evicted()
 
     def contains(self, keys: npt.ArrayLike) -> npt.NDArray[np.bool_]:
         """Return bool ``[n]``: whether each id has a row. Inserts nothing."""
@@ -531,7 +496,7 @@ class Table:
         """Return the initializer's rows for ``keys`` (the table is not touched)."""
         impl = self._live()
         k = _arrays.as_keys(keys)
-        result = np.empty((k.shape[0], self._dim), dtype=np.float32)
+        result = np.empty((k.shape[0], self.dim), dtype=np.float32)
         impl.initial_values(keys=k, out=result)
         return result
 
@@ -549,3 +514,10 @@ class Table:
     def reset_metrics(self) -> None:
         """Clear this table's latency histograms (counters are kept)."""
         self._live().reset_timers()
+
+
+def _unpickle(cls: type[Table], spec: TableSpec, payload: dict[str, Any]) -> Table:
+    """A pickled table: a new ``cls`` of ``spec`` holding the pickled rows and counters."""
+    table = cls.from_spec(spec)
+    _exchange.restore(table._internals(), payload)
+    return table
