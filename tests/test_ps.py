@@ -433,3 +433,82 @@ def test_load_client_smoke(tmp_path: Path) -> None:
             ("kv", "group.lookup_sum"),
         } <= names
     assert results["open"] and results["open"][0]["ops"]["Step"]["count"] > 0
+
+
+@pytest.fixture
+def cpp_server() -> Iterator[str]:
+    """The C++ example server (examples/cpp_ps_server), when EMBSTORE_CPP_PS_SERVER names
+    its binary (CI builds it; .ci/run)."""
+    binary = os.environ.get("EMBSTORE_CPP_PS_SERVER")
+    if not binary:
+        pytest.skip("EMBSTORE_CPP_PS_SERVER is not set (the C++ example server is not built)")
+    proc = subprocess.Popen(
+        [binary, "--port", "0", "--tables", "user,item", "--dim", "8", "--capacity", "4096"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "...: 2 tables on 127.0.0.1:PORT"
+        yield line.strip().rsplit(" ", 1)[-1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_cpp_server_rows_match_direct_calls_bit_for_bit(cpp_server: str) -> None:
+    """Pooled rows of lookups and the rows left by pushes, through the C++ server, equal the
+    same calls on an in-process TableGroup built like its tables."""
+    direct = embstore.TableGroup(
+        {
+            n: embstore.Table(
+                dim=8,
+                capacity=4096,
+                optimizer=embstore.Adagrad(lr=0.01),
+                initializer=embstore.Normal(std=0.01, seed=0),
+            )
+            for n in ("user", "item")
+        }
+    )
+    rng = np.random.default_rng(11)
+    seen: dict[str, list[np.ndarray]] = {"user": [], "item": []}
+    with ps.Client(cpp_server, timeout=60) as client:
+        assert client.dims == {"user": 8, "item": 8}
+        for step in range(10):
+            features = {}
+            for name in ("user", "item"):
+                k, off = _batch(rng, int(rng.integers(1, 40)), 300)
+                w = rng.standard_normal(k.shape[0]).astype(np.float32)
+                features[name] = (k, off, w) if step % 3 == 0 else (k, off)
+                seen[name].append(k)
+            mode = "mean" if step % 2 else "sum"
+            got = client.lookup_sum(features, mode=mode)
+            want = direct.lookup_sum(features, mode=mode)
+            for name in features:
+                assert np.array_equal(_bits(got[name]), _bits(want[name]))
+            grads = {
+                n: (
+                    f[0],
+                    f[1],
+                    rng.standard_normal((f[1].shape[0] - 1, 8)).astype(np.float32),
+                    *f[2:],
+                )
+                for n, f in features.items()
+            }
+            client.apply_gradients(grads, mode=mode)
+            direct.apply_gradients(grads, mode=mode)
+        rows = {}
+        for name, keys in seen.items():
+            k = np.unique(np.concatenate(keys))
+            rows[name] = (k, np.arange(k.shape[0] + 1, dtype=np.int64))  # one id per bag
+        got = client.lookup_sum(rows, insert=False)
+        want = direct.lookup_sum(rows, insert=False)
+        for name in rows:
+            assert np.array_equal(_bits(got[name]), _bits(want[name]))
+        for arg in ({"user": (_K, np.array([0, 4, 2]))}, {"nope": (_K, _OFF)}):
+            with pytest.raises(Exception) as expected:
+                direct.lookup_sum(arg)
+            with pytest.raises(type(expected.value)):
+                client.lookup_sum(arg)
