@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("grpc", reason="grpcio absent (pip install 'embstore[ps]')")
 pytest.importorskip("grpc_tools", reason="grpcio-tools absent (pip install 'embstore[ps]')")
@@ -155,6 +157,12 @@ _BAD_CALLS: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
     ("lookup_sum", "weights length", {"user": (_K, _OFF, np.ones(5, np.float32))}, {}),
     ("lookup_sum", "offsets order", {"user": (_K, np.array([0, 4, 2]))}, {}),
     ("lookup_sum", "offsets end", {"user": (_K, np.array([0, 2, 9]))}, {}),
+    (
+        "lookup_sum",
+        "inserts then bad table",
+        {"user": (_K + np.uint64(100), _OFF), "item": (_K, np.array([0, 4, 2]))},
+        {},
+    ),
     ("lookup_sum", "mode", {"user": (_K, _OFF)}, {"mode": "max"}),
     ("apply_gradients", "grads shape", {"user": (_K, _OFF, np.ones((2, 3), np.float32))}, {}),
     ("apply_gradients", "NaN grads", {"user": (_K, _OFF, np.full((2, 4), np.nan, np.float32))}, {}),
@@ -512,3 +520,66 @@ def test_cpp_server_rows_match_direct_calls_bit_for_bit(cpp_server: str) -> None
                 direct.lookup_sum(arg)
             with pytest.raises(type(expected.value)):
                 client.lookup_sum(arg)
+
+
+@pytest.fixture(scope="module")
+def twin() -> Iterator[tuple[ps.Client, embstore.TableGroup]]:
+    """A served group and an identical in-process one, fed the same calls."""
+    server = ps.serve(_group(seed=5))
+    client = ps.Client(f"127.0.0.1:{server.port}", timeout=60)
+    yield client, _group(seed=5)
+    client.close()
+    server.stop()
+
+
+_ids = st.sampled_from([0, 1, 2, 3, 2**63, 2**64 - 1]) | st.integers(0, 2**64 - 1)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    data=st.data(),
+    mode=st.sampled_from(["sum", "mean"]),
+    weighted=st.booleans(),
+    insert=st.booleans(),
+)
+def test_any_batch_through_the_server_equals_the_direct_call(
+    twin: tuple[ps.Client, embstore.TableGroup],
+    data: st.DataObject,
+    mode: str,
+    weighted: bool,
+    insert: bool,
+) -> None:
+    client, direct = twin
+    features: dict[str, tuple[Any, ...]] = {}
+    for name in data.draw(st.permutations(list(DIMS))):
+        lengths = data.draw(st.lists(st.integers(0, 4), min_size=1, max_size=6))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        keys = np.array(
+            data.draw(st.lists(_ids, min_size=int(offsets[-1]), max_size=int(offsets[-1]))),
+            dtype=np.uint64,
+        )
+        if weighted:
+            w = data.draw(
+                st.lists(
+                    st.floats(-1e6, 1e6, width=32),
+                    min_size=keys.shape[0],
+                    max_size=keys.shape[0],
+                )
+            )
+            features[name] = (keys, offsets, np.array(w, dtype=np.float32))
+        else:
+            features[name] = (keys, offsets)
+    got = client.lookup_sum(features, mode=mode, insert=insert)
+    want = direct.lookup_sum(features, mode=mode, insert=insert)
+    assert list(got) == list(want)
+    for name in want:
+        assert np.array_equal(_bits(got[name]), _bits(want[name]))
+    if not weighted:
+        grads = {
+            n: (f[0], f[1], np.full((f[1].shape[0] - 1, DIMS[n]), 0.5, np.float32))
+            for n, f in features.items()
+        }
+        client.apply_gradients(grads, mode=mode)
+        direct.apply_gradients(grads, mode=mode)
