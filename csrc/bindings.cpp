@@ -627,4 +627,6 @@ PYBIND11_MODULE(_core, m) {
         return summary_dict(h.summary());
       },
       py::arg("values_ns"));
+  void bind_timers(py::module_&);  // csrc/python/metrics_bindings.cpp
+  bind_timers(m);
 }

@@ -232,11 +232,11 @@ def test_report_file_gets_lines_within_two_intervals(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
-    names = {ln.split()[2] for ln in lines}
+    names = {ln.split()[3] for ln in lines}
     assert {"name=lookup", "name=lookup_sum", "name=stage.gather"} <= names
     for ln in lines:
-        stamp, table, *rest = ln.split()
-        assert float(stamp) > 1e9 and table == "table=clicks"
+        stamp, layer, table, *rest = ln.split()
+        assert float(stamp) > 1e9 and layer == "layer=kv" and table == "table=clicks"
         fields = dict(kv.split("=") for kv in rest)
         assert set(fields) == {"name", "count", "p50_us", "p95_us", "p99_us", "max_us"}
         assert int(fields["count"]) >= 1
@@ -270,7 +270,7 @@ def test_periodic_report_covers_each_interval_only(tmp_path: Path) -> None:
         open(path, "w").close()
         out = {}
         for ln in lines:
-            fields = dict(kv.split("=") for kv in ln.split()[2:])
+            fields = dict(kv.split("=") for kv in ln.split()[3:])
             assert float(fields["p50_us"]) <= float(fields["p99_us"]) <= float(fields["max_us"])
             out[fields["name"]] = int(fields["count"])
         return out

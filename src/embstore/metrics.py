@@ -27,7 +27,8 @@ Switches, read at import:
 - ``EMBSTORE_PERF_REPORT_PATH=file``: a daemon thread appends, every
   ``EMBSTORE_PERF_INTERVAL_MS`` (default 5000) milliseconds, one line per table and name
   recorded during that interval: ``<unix time> table=<t> name=<n> count=<c> p50_us=..
-  p95_us=.. p99_us=.. max_us=..`` describing only the calls of that interval (the difference
+  p95_us=.. p99_us=.. max_us=..`` (after the stamp, ``layer=kv`` for the tables, and
+  ``layer=<layer> table=-`` for :class:`Timer`'s named layer timers) describing only the calls of that interval (the difference
   of two snapshots of the histograms; ``max_us`` is exact when the interval set a new
   maximum, else the upper bound of its highest bucket). It only reads the lock-free
   histograms, so it never blocks a call, and it stops at interpreter exit.
@@ -44,6 +45,7 @@ import weakref
 from typing import Any, Protocol
 
 from embstore import _core
+from embstore._layers import LayerWindows, Timer, layer_lines, layer_prometheus
 
 
 class _Tracked(Protocol):
@@ -55,6 +57,7 @@ class _Tracked(Protocol):
 
 __all__ = [
     "PerfReporter",
+    "Timer",
     "enable",
     "enabled",
     "prometheus_text",
@@ -88,11 +91,13 @@ def enabled() -> bool:
 
 
 def reset() -> None:
-    """Start a new window: clear the latency histograms of every open table."""
+    """Start a new window: clear the latency histograms of every open table and every
+    named :class:`Timer`."""
     for table in _open_tables():
         core = table.core
         if core is not None:  # else closed meanwhile
             core.reset_timers()
+    _core.reset_named_histograms()
 
 
 def _stats(table: _Tracked) -> dict[str, Any] | None:
@@ -102,7 +107,7 @@ def _stats(table: _Tracked) -> dict[str, Any] | None:
 
 def _format_lines(stamp: str, table: _Tracked, latency: dict[str, Any]) -> list[str]:
     return [
-        f"{stamp} table={table.name} name={name} count={h['count']} "
+        f"{stamp} layer=kv table={table.name} name={name} count={h['count']} "
         f"p50_us={h['p50_us']:.1f} p95_us={h['p95_us']:.1f} "
         f"p99_us={h['p99_us']:.1f} max_us={h['max_us']:.1f}"
         for name, h in sorted(latency.items())
@@ -119,7 +124,7 @@ def report_lines(now: float | None = None) -> list[str]:
         if st is None:
             continue
         lines += _format_lines(stamp, table, st["latency"])
-    return lines
+    return lines + layer_lines(stamp)
 
 
 class _Windows:
@@ -129,6 +134,7 @@ class _Windows:
         self._last: weakref.WeakKeyDictionary[_Tracked, _core.TimerSnapshot] = (
             weakref.WeakKeyDictionary()
         )
+        self._layers = LayerWindows()
 
     def lines(self, now: float | None = None) -> list[str]:
         stamp = f"{time.time() if now is None else now:.3f}"
@@ -142,7 +148,7 @@ class _Windows:
             before = self._last.get(table, _core.TimerSnapshot())
             self._last[table] = snap
             lines += _format_lines(stamp, table, _core.latency_between(before, snap))
-        return lines
+        return lines + self._layers.lines(stamp)
 
 
 class PerfReporter:
@@ -244,6 +250,7 @@ def prometheus_text() -> str:
             out.append(
                 f"embstore_latency_seconds_sum{{{labels}}} {h['mean_us'] * h['count'] / 1e6:.9f}"
             )
+    out += layer_prometheus(_label)
     return "\n".join(out) + "\n"
 
 

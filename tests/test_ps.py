@@ -1,0 +1,585 @@
+"""The reference PS (embstore.ps): rows through the server equal direct TableGroup calls bit
+for bit, errors and their types match TableGroup's, bad requests change nothing, a Save
+under concurrent pushes is one instant of the store, timers of every layer meet in one
+report, and the load client's smoke runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("grpc", reason="grpcio absent (pip install 'embstore[ps]')")
+pytest.importorskip("grpc_tools", reason="grpcio-tools absent (pip install 'embstore[ps]')")
+
+import grpc
+
+import embstore
+from embstore import ps
+from embstore.ps._proto import SERVICE, messages
+from embstore.ps.config import group_from_config
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+DIMS = {"user": 4, "item": 8}
+
+
+def _group(seed: int = 0, optimizer: Any = None) -> embstore.TableGroup:
+    return embstore.TableGroup(
+        {
+            name: embstore.Table(
+                dim=dim,
+                capacity=4096,
+                optimizer=optimizer or embstore.Adagrad(lr=0.05),
+                initializer=embstore.Normal(std=0.1, seed=seed + k),
+                num_threads=2,
+            )
+            for k, (name, dim) in enumerate(DIMS.items())
+        }
+    )
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[embstore.TableGroup, ps.Client]]:
+    group = _group()
+    server = ps.serve(group)
+    client = ps.Client(f"127.0.0.1:{server.port}", timeout=60)
+    yield group, client
+    client.close()
+    server.stop()
+
+
+def _batch(rng: np.random.Generator, bags: int, universe: int) -> tuple[np.ndarray, np.ndarray]:
+    lengths = rng.integers(0, 6, bags)  # empty bags included
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    keys = rng.integers(0, universe, int(offsets[-1])).astype(np.uint64)  # duplicates
+    keys[::7] = np.uint64(2**64 - 1)  # the largest id
+    return keys, offsets
+
+
+def _features(rng: np.random.Generator, weighted: bool) -> dict[str, tuple[Any, ...]]:
+    out: dict[str, tuple[Any, ...]] = {}
+    for name in DIMS:
+        k, off = _batch(rng, int(rng.integers(1, 40)), 300)
+        w = rng.standard_normal(k.shape[0]).astype(np.float32)
+        out[name] = (k, off, w) if weighted else (k, off)
+    return out
+
+
+def _grads(rng: np.random.Generator, features: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
+    out = {}
+    for name, f in features.items():
+        g = rng.standard_normal((f[1].shape[0] - 1, DIMS[name])).astype(np.float32)
+        out[name] = (f[0], f[1], g, *f[2:])
+    return out
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def _rows(group: embstore.TableGroup) -> dict[str, dict[str, np.ndarray]]:
+    out = {}
+    for name in group.names:
+        e = group[name].export()
+        order = np.argsort(e["ids"])
+        out[name] = {k: v[order] for k, v in e.items()}
+    return out
+
+
+def _assert_same_rows(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a.keys() == b.keys()
+    for name, rows in a.items():
+        assert rows.keys() == b[name].keys()
+        for k, v in rows.items():
+            assert np.array_equal(v.view(np.uint8), b[name][k].view(np.uint8)), (name, k)
+
+
+def test_rows_match_direct_calls_bit_for_bit(
+    served: tuple[embstore.TableGroup, ps.Client], tmp_path: Path
+) -> None:
+    _, client = served
+    direct = _group()
+    rng = np.random.default_rng(7)
+    for step in range(12):
+        features = _features(rng, weighted=step % 3 == 0)
+        mode = "mean" if step % 2 else "sum"
+        got = client.lookup_sum(features, mode=mode, insert=step != 5)
+        want = direct.lookup_sum(features, mode=mode, insert=step != 5)
+        assert list(got) == list(features)
+        for name in features:
+            assert got[name].shape == want[name].shape
+            assert np.array_equal(_bits(got[name]), _bits(want[name]))
+        grads = _grads(rng, features)
+        client.apply_gradients(grads, mode=mode)
+        direct.apply_gradients(grads, mode=mode)
+    client.save(tmp_path / "remote")
+    direct.save(tmp_path / "direct")
+    _assert_same_rows(
+        _rows(embstore.TableGroup.load(tmp_path / "remote")),
+        _rows(embstore.TableGroup.load(tmp_path / "direct")),
+    )
+    client.save_delta(tmp_path / "delta")
+    manifest = json.loads((tmp_path / "delta" / "DELTAS.json").read_text())
+    assert manifest["order"] == list(DIMS)
+
+
+def test_stats_and_dims_describe_the_group(served: tuple[embstore.TableGroup, ps.Client]) -> None:
+    group, client = served
+    client.lookup_sum({"user": (np.arange(3, dtype=np.uint64), np.array([0, 3]))})
+    assert client.dims == DIMS and client.names == group.names
+    stats = client.stats()
+    assert list(stats) == group.names
+    assert stats["user"]["size"] == group["user"].stats()["size"] == 3
+    assert "group.lookup_sum" in stats["user"]["latency"]
+    layers = {(h.layer, h.table, h.name) for h in client.histograms()}
+    assert ("server", "-", "Lookup.Handle") in layers
+    assert ("kv", "user", "group.lookup_sum") in layers
+
+
+_K = np.arange(6, dtype=np.uint64)
+_OFF = np.array([0, 2, 6])
+_G4 = np.ones((2, 4), np.float32)
+_BAD_CALLS: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
+    ("lookup_sum", "unknown table", {"user": (_K, _OFF), "nope": (_K, _OFF)}, {}),
+    ("lookup_sum", "tuple", {"user": (_K,)}, {}),
+    ("lookup_sum", "float keys", {"user": (_K.astype(np.float64), _OFF)}, {}),
+    ("lookup_sum", "weights length", {"user": (_K, _OFF, np.ones(5, np.float32))}, {}),
+    ("lookup_sum", "offsets order", {"user": (_K, np.array([0, 4, 2]))}, {}),
+    ("lookup_sum", "offsets end", {"user": (_K, np.array([0, 2, 9]))}, {}),
+    (
+        "lookup_sum",
+        "inserts then bad table",
+        {"user": (_K + np.uint64(100), _OFF), "item": (_K, np.array([0, 4, 2]))},
+        {},
+    ),
+    ("lookup_sum", "mode", {"user": (_K, _OFF)}, {"mode": "max"}),
+    ("apply_gradients", "grads shape", {"user": (_K, _OFF, np.ones((2, 3), np.float32))}, {}),
+    ("apply_gradients", "NaN grads", {"user": (_K, _OFF, np.full((2, 4), np.nan, np.float32))}, {}),
+    (
+        "apply_gradients",
+        "inf in one table",
+        {"item": (_K, _OFF, np.ones((2, 8), np.float32)), "user": (_K, _OFF, _G4 * np.inf)},
+        {},
+    ),
+    ("apply_gradients", "unknown table", {"user": (_K, _OFF, _G4), "x": (_K, _OFF, _G4)}, {}),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "what", "arg", "kwargs"), _BAD_CALLS, ids=[c[1] for c in _BAD_CALLS]
+)
+def test_errors_match_tablegroup_and_change_nothing(
+    served: tuple[embstore.TableGroup, ps.Client],
+    method: str,
+    what: str,
+    arg: dict[str, Any],
+    kwargs: dict[str, Any],
+) -> None:
+    group, client = served
+    client.lookup_sum({n: (_K, _OFF) for n in DIMS})  # rows to keep unchanged
+    direct = _group()
+    direct.lookup_sum({n: (_K, _OFF) for n in DIMS})
+    before = _rows(group)
+    with pytest.raises(Exception) as want:
+        getattr(direct, method)(arg, **kwargs)
+    with pytest.raises(type(want.value)) as got:
+        getattr(client, method)(arg, **kwargs)
+    assert type(got.value) is type(want.value)
+    assert str(got.value) == str(want.value)
+    _assert_same_rows(_rows(group), before)
+
+
+def _raw(client: ps.Client, method: str, request: Any) -> grpc.RpcError:
+    channel = grpc.insecure_channel(client.target)
+    call = channel.unary_unary(
+        f"/{SERVICE}/{method}",
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=lambda b: b,
+    )
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            call(request, timeout=30)
+    finally:
+        channel.close()
+    return e.value
+
+
+def test_malformed_requests_are_invalid_argument_and_change_nothing(
+    served: tuple[embstore.TableGroup, ps.Client],
+) -> None:
+    """Requests no Client would send (bypassing its checks) still leave the store as it was."""
+    group, client = served
+    client.lookup_sum({n: (_K, _OFF) for n in DIMS})
+    before = _rows(group)
+    tb = messages["TableBatch"]
+    k, off = _K.tobytes(), _OFF.tobytes()
+    g = _G4.tobytes()
+    bad = [
+        ("Lookup", messages["LookupRequest"](tables=[tb(table="user", keys=k[:-1], offsets=off)])),
+        ("Lookup", messages["LookupRequest"](tables=[tb(table="user", keys=k, offsets=b"")])),
+        (
+            "Lookup",
+            messages["LookupRequest"](tables=[tb(table="user", keys=k, offsets=off)], mode=7),
+        ),
+        (
+            "Lookup",
+            messages["LookupRequest"](
+                tables=[
+                    tb(table="user", keys=k, offsets=off),
+                    tb(table="user", keys=k, offsets=off),
+                ]
+            ),
+        ),
+        (
+            "PushGrad",
+            messages["PushGradRequest"](
+                tables=[
+                    tb(
+                        table="item",
+                        keys=k,
+                        offsets=off,
+                        grads=np.ones((2, 8), np.float32).tobytes(),
+                    ),
+                    tb(table="user", keys=k, offsets=off, grads=g[:-4]),
+                ]
+            ),
+        ),
+        (
+            "PushGrad",
+            messages["PushGradRequest"](
+                tables=[tb(table="user", keys=k, offsets=off, grads=g, weights=b"\0" * 8)]
+            ),
+        ),
+    ]
+    for method, request in bad:
+        err = _raw(client, method, request)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, err.details())
+        assert err.details()
+    _assert_same_rows(_rows(group), before)
+
+
+def test_save_under_concurrent_pushes_is_one_instant(tmp_path: Path) -> None:
+    """S streams each push +1.0 to every row of their own key set (SGD, lr 1, grad -1), so
+    a row's value counts the pushes applied to it. The saved file must show, per stream,
+    one count on all its rows (no torn push), and the counts of all streams must be one
+    instant: push c_s of every stream sent before push c_s + 1 of any stream returned.
+    After the run the store holds every push (nothing lost)."""
+    streams, pushes, keys_per = 3, 40, 64
+    group = embstore.TableGroup(
+        {
+            "t": embstore.Table(
+                dim=2,
+                capacity=1024,
+                optimizer=embstore.SGD(lr=1.0),
+                initializer=embstore.Zeros(),
+                num_threads=2,
+            )
+        }
+    )
+    server = ps.serve(group, threads=6)
+    target = f"127.0.0.1:{server.port}"
+    times: list[list[tuple[int, int]]] = [[] for _ in range(streams)]
+    started = threading.Barrier(streams + 2)
+
+    def push(s: int) -> None:
+        keys = np.arange(s * 1000, s * 1000 + keys_per, dtype=np.uint64)
+        off = np.arange(keys_per + 1, dtype=np.int64)
+        grads = np.full((keys_per, 2), -1.0, np.float32)
+        with ps.Client(target, timeout=60) as c:
+            c.lookup_sum({"t": (keys, off)})  # rows exist, all zero, before the first push
+            started.wait()
+            for _ in range(pushes):
+                t0 = time.monotonic_ns()
+                c.apply_gradients({"t": (keys, off, grads)})
+                times[s].append((t0, time.monotonic_ns()))
+
+    def lookups() -> None:
+        keys = np.arange(streams * 1000, dtype=np.uint64)[: 3 * keys_per]
+        with ps.Client(target, timeout=60) as c:
+            started.wait()
+            for _ in range(pushes):
+                c.lookup_sum({"t": (keys, np.array([0, keys.shape[0]]))}, insert=False)
+
+    threads = [threading.Thread(target=push, args=(s,)) for s in range(streams)]
+    threads.append(threading.Thread(target=lookups))
+    for th in threads:
+        th.start()
+    started.wait()
+    with ps.Client(target, timeout=60) as c:
+        while min(len(t) for t in times) < pushes // 4:
+            time.sleep(0.001)
+        c.save(tmp_path / "mid")
+    for th in threads:
+        th.join(timeout=120)
+    server.stop()
+
+    live = _rows(group)["t"]
+    assert np.all(live["values"] == pushes)  # nothing lost
+    saved = _rows(embstore.TableGroup.load(tmp_path / "mid"))["t"]
+    counts = []
+    for s in range(streams):
+        mine = (saved["ids"] >= s * 1000) & (saved["ids"] < s * 1000 + keys_per)
+        assert mine.sum() == keys_per
+        values = saved["values"][mine]
+        assert np.all(values == values[0, 0]), f"stream {s}: a torn push in the checkpoint"
+        counts.append(int(values[0, 0]))
+    latest_send = max(times[s][c - 1][0] for s, c in enumerate(counts) if c > 0)
+    earliest_next_return = (
+        min(times[s][c][1] for s, c in enumerate(counts) if c < pushes)
+        if any(c < pushes for c in counts)
+        else 2**63
+    )
+    assert latest_send < earliest_next_return, counts
+
+
+def test_server_and_client_timers_meet_in_one_report(tmp_path: Path) -> None:
+    path = tmp_path / "perf.log"
+    code = (
+        "import time, numpy as np, embstore\n"
+        "from embstore import ps\n"
+        "g = embstore.TableGroup({'t': embstore.Table(dim=2, capacity=64)})\n"
+        "srv = ps.serve(g)\n"
+        "c = ps.Client(f'127.0.0.1:{srv.port}')\n"
+        "k, off = np.arange(4, dtype=np.uint64), np.array([0, 2, 4])\n"
+        "c.lookup_sum({'t': (k, off)})\n"
+        "c.apply_gradients({'t': (k, off, np.ones((2, 2), np.float32))})\n"
+        "time.sleep(0.5)\n"
+        "c.close(); srv.stop()\n"
+    )
+    env = dict(
+        os.environ,
+        EMBSTORE_PERF_REPORT_PATH=str(path),
+        EMBSTORE_PERF_INTERVAL_MS="200",
+        PYTHONPATH=SRC,
+    )
+    env.pop("EMBSTORE_METRICS", None)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    seen = set()
+    for line in path.read_text().splitlines():
+        fields = dict(kv.split("=", 1) for kv in line.split()[1:])
+        seen.add((fields["layer"], fields["name"]))
+    for layer, name in [
+        ("client", "Lookup.Total"),
+        ("client", "Lookup.Encode"),
+        ("client", "Lookup.RPC"),
+        ("client", "Lookup.Decode"),
+        ("server", "Lookup.Queue"),
+        ("server", "Lookup.Decode"),
+        ("server", "Lookup.Handle"),
+        ("server", "Lookup.Encode"),
+        ("client", "PushGrad.RPC"),
+        ("server", "PushGrad.Handle"),
+        ("kv", "group.lookup_sum"),
+        ("kv", "group.apply_gradients"),
+    ]:
+        assert (layer, name) in seen, (layer, name)
+
+
+def test_config_builds_the_group_and_names_bad_keys() -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "ps" / "tables.json"
+    config = json.loads(example.read_text())
+    for spec in config["tables"].values():
+        spec["capacity"] = 64  # the example's size is for the load run
+    group = group_from_config(config)
+    assert group.names == [f"t{i}" for i in range(8)]
+    assert isinstance(group["t0"].optimizer, embstore.Adagrad) and group["t0"].dim == 32
+    with pytest.raises(ValueError, match=r"tables\['a'\]: unknown keys \['colour'\]"):
+        group_from_config({"tables": {"a": {"dim": 2, "capacity": 8, "colour": 1}}})
+    with pytest.raises(ValueError, match=r"optimizer.type must be one of"):
+        group_from_config({"tables": {"a": {"dim": 2, "capacity": 8, "optimizer": {"type": "X"}}}})
+
+
+def test_load_client_smoke(tmp_path: Path) -> None:
+    group = embstore.TableGroup(
+        {f"t{i}": embstore.Table(dim=8, capacity=20_000, num_threads=1) for i in range(2)}
+    )
+    server = ps.serve(group)
+    out = tmp_path / "load.json"
+    try:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "embstore.ps",
+                "load",
+                "--target",
+                f"127.0.0.1:{server.port}",
+                "--smoke",
+                "--json",
+                str(out),
+            ],
+            env=dict(os.environ, PYTHONPATH=SRC),
+            check=True,
+            timeout=300,
+            stdout=subprocess.DEVNULL,
+        )
+    finally:
+        server.stop()
+    results = json.loads(out.read_text())
+    assert [r["streams"] for r in results["closed"]] == [1, 2]
+    for row in results["closed"]:
+        for op in ("Lookup", "PushGrad"):
+            assert row["ops"][op]["count"] > 0 and row["ops"][op]["errors"] == 0
+            assert row["inproc"][op]["count"] > 0
+        assert row["empty_rpc"]["count"] > 0
+        names = {(h["layer"], h["name"]) for h in row["layers"]}
+        assert {
+            ("server", "Lookup.Handle"),
+            ("client", "Lookup.RPC"),
+            ("trainer", "PushGrad.Total"),
+            ("kv", "group.lookup_sum"),
+        } <= names
+    assert results["open"] and results["open"][0]["ops"]["Step"]["count"] > 0
+
+
+@pytest.fixture
+def cpp_server() -> Iterator[str]:
+    """The C++ example server (examples/cpp_ps_server), when EMBSTORE_CPP_PS_SERVER names
+    its binary (CI builds it; .ci/run)."""
+    binary = os.environ.get("EMBSTORE_CPP_PS_SERVER")
+    if not binary:
+        pytest.skip("EMBSTORE_CPP_PS_SERVER is not set (the C++ example server is not built)")
+    proc = subprocess.Popen(
+        [binary, "--port", "0", "--tables", "user,item", "--dim", "8", "--capacity", "4096"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "...: 2 tables on 127.0.0.1:PORT"
+        yield line.strip().rsplit(" ", 1)[-1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_cpp_server_rows_match_direct_calls_bit_for_bit(cpp_server: str) -> None:
+    """Pooled rows of lookups and the rows left by pushes, through the C++ server, equal the
+    same calls on an in-process TableGroup built like its tables."""
+    direct = embstore.TableGroup(
+        {
+            n: embstore.Table(
+                dim=8,
+                capacity=4096,
+                optimizer=embstore.Adagrad(lr=0.01),
+                initializer=embstore.Normal(std=0.01, seed=0),
+            )
+            for n in ("user", "item")
+        }
+    )
+    rng = np.random.default_rng(11)
+    seen: dict[str, list[np.ndarray]] = {"user": [], "item": []}
+    with ps.Client(cpp_server, timeout=60) as client:
+        assert client.dims == {"user": 8, "item": 8}
+        for step in range(10):
+            features = {}
+            for name in ("user", "item"):
+                k, off = _batch(rng, int(rng.integers(1, 40)), 300)
+                w = rng.standard_normal(k.shape[0]).astype(np.float32)
+                features[name] = (k, off, w) if step % 3 == 0 else (k, off)
+                seen[name].append(k)
+            mode = "mean" if step % 2 else "sum"
+            got = client.lookup_sum(features, mode=mode)
+            want = direct.lookup_sum(features, mode=mode)
+            for name in features:
+                assert np.array_equal(_bits(got[name]), _bits(want[name]))
+            grads = {
+                n: (
+                    f[0],
+                    f[1],
+                    rng.standard_normal((f[1].shape[0] - 1, 8)).astype(np.float32),
+                    *f[2:],
+                )
+                for n, f in features.items()
+            }
+            client.apply_gradients(grads, mode=mode)
+            direct.apply_gradients(grads, mode=mode)
+        rows = {}
+        for name, keys in seen.items():
+            k = np.unique(np.concatenate(keys))
+            rows[name] = (k, np.arange(k.shape[0] + 1, dtype=np.int64))  # one id per bag
+        got = client.lookup_sum(rows, insert=False)
+        want = direct.lookup_sum(rows, insert=False)
+        for name in rows:
+            assert np.array_equal(_bits(got[name]), _bits(want[name]))
+        for arg in ({"user": (_K, np.array([0, 4, 2]))}, {"nope": (_K, _OFF)}):
+            with pytest.raises(Exception) as expected:
+                direct.lookup_sum(arg)
+            with pytest.raises(type(expected.value)):
+                client.lookup_sum(arg)
+
+
+@pytest.fixture(scope="module")
+def twin() -> Iterator[tuple[ps.Client, embstore.TableGroup]]:
+    """A served group and an identical in-process one, fed the same calls."""
+    server = ps.serve(_group(seed=5))
+    client = ps.Client(f"127.0.0.1:{server.port}", timeout=60)
+    yield client, _group(seed=5)
+    client.close()
+    server.stop()
+
+
+_ids = st.sampled_from([0, 1, 2, 3, 2**63, 2**64 - 1]) | st.integers(0, 2**64 - 1)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    data=st.data(),
+    mode=st.sampled_from(["sum", "mean"]),
+    weighted=st.booleans(),
+    insert=st.booleans(),
+)
+def test_any_batch_through_the_server_equals_the_direct_call(
+    twin: tuple[ps.Client, embstore.TableGroup],
+    data: st.DataObject,
+    mode: str,
+    weighted: bool,
+    insert: bool,
+) -> None:
+    client, direct = twin
+    features: dict[str, tuple[Any, ...]] = {}
+    for name in data.draw(st.permutations(list(DIMS))):
+        lengths = data.draw(st.lists(st.integers(0, 4), min_size=1, max_size=6))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        keys = np.array(
+            data.draw(st.lists(_ids, min_size=int(offsets[-1]), max_size=int(offsets[-1]))),
+            dtype=np.uint64,
+        )
+        if weighted:
+            w = data.draw(
+                st.lists(
+                    st.floats(-1e6, 1e6, width=32),
+                    min_size=keys.shape[0],
+                    max_size=keys.shape[0],
+                )
+            )
+            features[name] = (keys, offsets, np.array(w, dtype=np.float32))
+        else:
+            features[name] = (keys, offsets)
+    got = client.lookup_sum(features, mode=mode, insert=insert)
+    want = direct.lookup_sum(features, mode=mode, insert=insert)
+    assert list(got) == list(want)
+    for name in want:
+        assert np.array_equal(_bits(got[name]), _bits(want[name]))
+    if not weighted:
+        grads = {
+            n: (f[0], f[1], np.full((f[1].shape[0] - 1, DIMS[n]), 0.5, np.float32))
+            for n, f in features.items()
+        }
+        client.apply_gradients(grads, mode=mode)
+        direct.apply_gradients(grads, mode=mode)
