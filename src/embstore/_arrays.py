@@ -9,6 +9,7 @@ C++ core, also before anything changes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -180,6 +181,17 @@ def apply_entry(entry: Any, dim: int) -> tuple[Any, ...]:
     g = core_grads(entry[2], off.shape[0] - 1, dim)
     w = core_weights(entry[3], k.shape[0]) if len(entry) == 4 else None
     return (k, off, g) if w is None else (k, off, g, w)
+
+
+def named_entry(
+    name: str, entry: Any, dim: int, what: str, convert: Callable[[Any, int], tuple[Any, ...]]
+) -> tuple[Any, ...]:
+    """``convert(entry, dim)``, or its error reworded to name the table and the argument
+    ``what`` (``features`` or ``grads``), as every group-shaped call reports it."""
+    try:
+        return convert(entry, dim)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"table {name!r}: {what}[{name!r}]: {e}") from None
 
 
 def mode_code(mode: str) -> int:

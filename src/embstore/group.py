@@ -23,6 +23,7 @@ from embstore._arrays import (
     as_is_grads,
     as_is_weights,
     lookup_entry,
+    named_entry,
 )
 from embstore._persist import load as _load
 from embstore._persist import save as _save
@@ -141,11 +142,12 @@ class TableGroup(Mapping[str, Table]):
         names the table and the argument ``what``."""
         table = self._table(name)
         try:
-            return table._internals().live(), convert(entry, table.dim)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"table {name!r}: {what}[{name!r}]: {e}") from None
+            core = table._internals().live()
+        except ValueError as e:
+            raise ValueError(f"table {name!r}: {what}[{name!r}]: {e}") from None
+        return core, named_entry(name, entry, table.dim, what, convert)
 
-    def lookup_entryes(
+    def lookup_entries(
         self, features: Any
     ) -> tuple[list[str], list[_core.Table], list[tuple[Any, ...]]]:
         """Each named table's core and its ``features`` entry in the core's formats.
@@ -183,10 +185,10 @@ class TableGroup(Mapping[str, Table]):
             self._drop_padding(names, batches, grads=False)
         return names, impls, batches
 
-    def apply_entryes(
+    def apply_entries(
         self, grads: Any
     ) -> tuple[list[str], list[_core.Table], list[tuple[Any, ...]]]:
-        """As :meth:`lookup_entryes`, for ``grads`` entries."""
+        """As :meth:`lookup_entries`, for ``grads`` entries."""
         names = self._checked(grads, "grads")
         impls: list[_core.Table] = []
         batches: list[tuple[Any, ...]] = []
@@ -240,7 +242,7 @@ class TableGroup(Mapping[str, Table]):
         A bad entry raises an error naming its table, and no table changes.
         """
         code = _arrays.mode_code(mode)
-        names, impls, batches = self.lookup_entryes(features)
+        names, impls, batches = self.lookup_entries(features)
         outs = _core.group_lookup_sum(impls, batches, code, bool(insert), names)
         if outs is None:
             raise _not_taken(batches)
@@ -256,7 +258,7 @@ class TableGroup(Mapping[str, Table]):
         A bad entry raises an error naming its table, and no table changes.
         """
         code = _arrays.mode_code(mode)
-        names, impls, batches = self.apply_entryes(grads)
+        names, impls, batches = self.apply_entries(grads)
         if not _core.group_apply_gradients(impls, batches, code, names):
             raise _not_taken(batches)
         self._deliver_evicted(names)

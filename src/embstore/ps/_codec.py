@@ -50,13 +50,10 @@ def encode_lookup(
     the number of bags of each."""
     batches, bags = [], []
     for name, feature in features.items():
-        known_table(name, dims)
-        if not isinstance(feature, tuple) or len(feature) not in (2, 3):
-            msg = f"features[{name!r}] must be (keys, offsets) or (keys, offsets, weights)"
-            raise ValueError(msg)
-        k = _arrays.as_keys(feature[0])
-        off = _arrays.as_offsets(feature[1])
-        w = _arrays.as_weights(feature[2], k.shape[0]) if len(feature) == 3 else None
+        dim = known_table(name, dims)
+        entry = _arrays.named_entry(name, feature, dim, "features", _arrays.lookup_entry)
+        k, off = entry[0], entry[1]
+        w = entry[2] if len(entry) == 3 else None
         batches.append(
             batch_type(
                 table=name,
@@ -75,17 +72,11 @@ def encode_grads(
     """TableBatch messages of a gradient push, checked as TableGroup.apply_gradients
     checks them."""
     batches = []
-    for name, entry in grads.items():
+    for name, given in grads.items():
         dim = known_table(name, dims)
-        if not isinstance(entry, tuple) or len(entry) not in (3, 4):
-            msg = (
-                f"grads[{name!r}] must be (keys, offsets, grads) or (keys, offsets, grads, weights)"
-            )
-            raise ValueError(msg)
-        k = _arrays.as_keys(entry[0])
-        off = _arrays.as_offsets(entry[1])
-        g = _arrays.as_grads(entry[2], off.shape[0] - 1, dim, "one row per bag")
-        w = _arrays.as_weights(entry[3], k.shape[0]) if len(entry) == 4 else None
+        entry = _arrays.named_entry(name, given, dim, "grads", _arrays.apply_entry)
+        k, off, g = entry[0], entry[1], entry[2]
+        w = entry[3] if len(entry) == 4 else None
         batches.append(
             batch_type(
                 table=name,

@@ -149,7 +149,7 @@ class _Service:
         m = messages
         hists = []
         for name in self.group.names:
-            impl = self.group[name]._impl
+            impl = self.group[name]._internals().core
             if impl is None:
                 continue
             for timer, snap in _core.table_histograms(impl):
