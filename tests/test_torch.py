@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 import embstore
 from embstore.torch import EmbeddingBagCollection
-from embstore.torch._ops import grad_array as _grad_array
+from embstore.torch._packing import grad_array as _grad_array
 
 # torch.optim.Adagrad on sparse gradients warns once per process about sparse invariant checks.
 SPARSE_WARNING = "ignore:Sparse invariant checks:UserWarning"

@@ -17,7 +17,8 @@ from embstore.torch._config import (
 )
 from embstore.torch._inputs import batch_of
 from embstore.torch._keyed import KeyedTensor
-from embstore.torch._ops import Binding, feature_bags
+from embstore.torch._ops import lookup
+from embstore.torch._packing import Binding, feature_bags
 
 __all__ = ["EmbeddingBagCollection"]
 
@@ -157,7 +158,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         if not batch.names:
             return KeyedTensor([], []) if batch.keyed else {}
         training = self.training and torch.is_grad_enabled()
-        outs, _ = torch.ops.embstore.lookup_sum(
+        outs = lookup(
             self._binding.handle,
             batch.features,
             batch.counts,
