@@ -3,6 +3,9 @@ the lengths / jagged / KeyedJaggedTensor inputs, KeyedTensor outputs, duck-typed
 
 from __future__ import annotations
 
+import copy
+import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -358,3 +361,52 @@ def test_a_duck_typed_store_plugs_in_through_from_configs() -> None:
         EmbeddingBagCollection(object())
     with pytest.warns(UserWarning, match="NOT in the state_dict"):
         assert ebc.state_dict() == {}
+
+
+class NumpyStore:
+    """A pure-Python store with TableGroup's two calls (SGD, zero initial rows): it pickles,
+    so a module over it can be deep-copied."""
+
+    def __init__(self, dims: dict[str, int], lr: float = 1.0) -> None:
+        self.dims, self.lr = dims, lr
+        self.rows: dict[str, dict[int, Any]] = {name: {} for name in dims}
+
+    def _row(self, name: str, key: int, insert: bool) -> Any:
+        rows = self.rows[name]
+        if key not in rows and insert:
+            rows[key] = np.zeros(self.dims[name], np.float32)
+        return rows.get(key, np.zeros(self.dims[name], np.float32))
+
+    def lookup_sum(self, features: Any, *, mode: str = "sum", insert: bool = True) -> Any:
+        out = {}
+        for name, (keys, offsets, *w) in features.items():
+            rows = [self._row(name, int(k), insert) for k in keys]
+            out[name] = pool(np.array(rows).reshape(len(keys), -1), offsets, *w, mode=mode)
+        return out
+
+    def apply_gradients(self, grads: Any, *, mode: str = "sum") -> None:
+        for name, (keys, offsets, g, *w) in grads.items():
+            for k, gi in zip(keys, per_id_grads(len(keys), g, offsets, *(w or [None]), mode)):
+                self.rows[name][int(k)] = self._row(name, int(k), True) - self.lr * gi
+
+
+def test_a_module_over_a_picklable_store_deep_copies_into_an_independent_one() -> None:
+    cfg = [EmbeddingBagConfig("t", 2, 100, ["f", "g"], pooling="mean", padding_id=0)]
+    ebc = EmbeddingBagCollection.from_configs(cfg, backend=NumpyStore({"t": 2}))
+    twin = copy.deepcopy(ebc)
+    assert twin.group is not ebc.group and twin._binding.handle != ebc._binding.handle
+    feats = {"f": ([1, 2, 0], [0, 2, 3]), "g": ([2], [0, 1])}
+    out = twin(feats)
+    (out["f"].sum() + 2 * out["g"].sum()).backward()
+    assert ebc.group.rows["t"] == {}
+    # f: bag {1, 2} mean (grad 1/2 each), bag {0} = padding only; g: bag {2}, grad 2
+    np.testing.assert_allclose(twin.group.rows["t"][1], [-0.5, -0.5])
+    np.testing.assert_allclose(twin.group.rows["t"][2], [-2.5, -2.5])
+    assert 0 not in twin.group.rows["t"]
+
+
+def test_the_python_blocks_of_docs_torch_md_run() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "torch.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    assert len(blocks) >= 2
+    exec(compile("\n".join(blocks), "docs/torch.md", "exec"), {})  # noqa: S102
