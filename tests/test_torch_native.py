@@ -103,6 +103,10 @@ def test_from_configs_builds_tables_and_reports_configs_dims_and_repr() -> None:
     text = repr(ebc)
     assert "items: dim=4, pooling='mean', features=['item', 'history'], padding_id=-1" in text
     assert "users: dim=3, pooling='sum'" in text
+    ebc.group["users"].close()
+    assert "users: dim=3" in repr(ebc)  # a closed table does not break the repr
+    with pytest.raises(ValueError, match="mode"):
+        EmbeddingBagCollection(ebc.group, mode="mean", configs=configs())
 
 
 @pytest.mark.parametrize(

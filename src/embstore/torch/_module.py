@@ -99,6 +99,9 @@ class EmbeddingBagCollection(torch.nn.Module):
                 raise TypeError(msg)
             configs = configs_of_group(group, mode)
         else:
+            if mode != "sum":
+                msg = "mode is for a group without configs; give each config its pooling"
+                raise ValueError(msg)
             configs = check_configs(configs)
             _check_backend_tables(group, configs)
         self.group = group
@@ -143,8 +146,10 @@ class EmbeddingBagCollection(torch.nn.Module):
     def extra_repr(self) -> str:
         lines = []
         for config in self._binding.configs:
-            table = self.group[config.name] if isinstance(self.group, Mapping) else None
-            size = "" if table is None else f", rows={len(table)}/{config.num_embeddings}"
+            table = self.group.get(config.name) if isinstance(self.group, Mapping) else None
+            size = ""
+            if table is not None and not getattr(table, "closed", False):
+                size = f", rows={len(table)}/{config.num_embeddings}"
             optimizer = getattr(table, "optimizer", config.optimizer)
             pad = "" if config.padding_id is None else f", padding_id={config.padding_id}"
             lines.append(
