@@ -313,10 +313,13 @@ def test_keyed_jagged_backward_reaches_every_table(rng: np.random.Generator) -> 
         ({"item": {"values": [1, 2], "lengths": [3]}}, ValueError, "lengths"),
         ({"item": {"values": [1, 2], "lengths": [-1, 3]}}, ValueError, ">= 0"),
         ({"nope": ([1], [0, 1])}, KeyError, "unknown feature 'nope'"),
+        ({"user": ([1, 2], [0, 2], [1.0])}, ValueError, r"features\['user'\]: weights"),
+        ({"item": ([1, 2], [0, 3])}, ValueError, r"features\['item'\]: offsets"),  # padded
+        ({"user": ([1.5], [0, 1])}, TypeError, r"features\['user'\]: values"),
     ],
 )
 def test_bad_inputs_raise_naming_the_feature(feats: Any, error: Any, match: str) -> None:
-    ebc = EmbeddingBagCollection.from_configs(configs())
+    ebc = EmbeddingBagCollection.from_configs(configs(pad=-1))
     with pytest.raises(error, match=match):
         ebc(feats)
     assert all(len(t) == 0 for t in ebc.group.values())

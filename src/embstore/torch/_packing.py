@@ -108,48 +108,65 @@ def _segment_bags(
     weights: Sequence[Tensor | None],
     bags: Sequence[int],
 ) -> list[_Bag]:
-    """Each feature's (keys, offsets, weights) as numpy, checked, split out of its segment."""
+    """Each feature's (keys, offsets, weights) as numpy, checked, split out of its segment.
+    An error names the feature(s) of its segment."""
     out: list[_Bag] = []
     f = 0
     for count, v, length, flag, w in zip(counts, values, lens, is_lengths, weights):
-        if count == 1:
-            what = f"features[{binding.features[features[f]]!r}]"
-        else:
-            what = f"features {[binding.features[k] for k in features[f : f + count]]}"
-        keys = _arrays.as_keys(v.numpy(), f"{what} values")
-        wa = None if w is None else _arrays.as_weights(w.numpy(), keys.shape[0])
-        if count == 1 and not flag and bags[f] < 0:  # as given: the store checks the offsets
-            out.append((keys, _arrays.as_offsets(length.numpy()), wa))
-            f += 1
-            continue
-        if flag:
-            lengths = _arrays.as_offsets(length.numpy())
-            if lengths.size and int(lengths.min()) < 0:
-                msg = f"{what} lengths must be >= 0"
-                raise ValueError(msg)
-            offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-            np.cumsum(lengths, out=offsets[1:])
-        else:
-            offsets = _arrays.as_offsets(length.numpy())
-        if offsets[0] != 0 or offsets[-1] != keys.shape[0] or np.any(np.diff(offsets) < 0):
-            msg = (
-                f"{what}: offsets must start at 0, never decrease and end at len(values) "
-                f"= {keys.shape[0]} (lengths must sum to it)"
-            )
-            raise ValueError(msg)
-        total = offsets.shape[0] - 1
-        split = [bags[f + j] if bags[f + j] >= 0 else total // count for j in range(count)]
-        if sum(split) != total:
-            msg = f"{what}: {total} bags do not split into {split} bags per feature"
-            raise ValueError(msg)
-        start = 0
-        for n in split:
-            lo, hi = int(offsets[start]), int(offsets[start + n])
-            off = offsets[start : start + n + 1]
-            off = off - lo if lo else off
-            out.append((keys[lo:hi], off, None if wa is None else wa[lo:hi]))
-            start += n
+        mine = features[f : f + count]
+        # a lone CSR feature of a table without padding goes as given: the store checks it
+        as_given = count == 1 and bags[f] < 0 and not flag
+        as_given = as_given and binding.tables[binding.feature_table[mine[0]]].padding is None
+        try:
+            out.extend(_split(v, length, bool(flag), w, bags[f : f + count], as_given))
+        except (TypeError, ValueError) as exc:
+            names = [binding.features[k] for k in mine]
+            what = f"features[{names[0]!r}]" if count == 1 else f"features {names}"
+            raise type(exc)(f"{what}: {exc}") from None
         f += count
+    return out
+
+
+def _split(
+    v: Tensor,
+    length: Tensor,
+    is_lengths: bool,
+    w: Tensor | None,
+    bags: Sequence[int],
+    as_given: bool,
+) -> list[_Bag]:
+    """One segment's features: ``bags[j]`` bags each (``-1``: an even share)."""
+    keys = _arrays.as_keys(v.numpy(), "values")
+    wa = None if w is None else _arrays.as_weights(w.numpy(), keys.shape[0])
+    if as_given:
+        return [(keys, _arrays.as_offsets(length.numpy()), wa)]
+    if is_lengths:
+        lengths = _arrays.as_offsets(length.numpy())
+        if lengths.size and int(lengths.min()) < 0:
+            msg = "lengths must be >= 0"
+            raise ValueError(msg)
+        offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+    else:
+        offsets = _arrays.as_offsets(length.numpy())
+    if offsets[0] != 0 or offsets[-1] != keys.shape[0] or np.any(np.diff(offsets) < 0):
+        msg = (
+            "offsets must start at 0, never decrease and end at len(values) "
+            f"= {keys.shape[0]} (lengths must sum to it)"
+        )
+        raise ValueError(msg)
+    total, count = offsets.shape[0] - 1, len(bags)
+    split = [n if n >= 0 else total // count for n in bags]
+    if sum(split) != total:
+        msg = f"{total} bags do not split into {split} bags per feature"
+        raise ValueError(msg)
+    out: list[_Bag] = []
+    start = 0
+    for n in split:
+        lo, hi = int(offsets[start]), int(offsets[start + n])
+        off = offsets[start : start + n + 1]
+        out.append((keys[lo:hi], off - lo if lo else off, None if wa is None else wa[lo:hi]))
+        start += n
     return out
 
 
