@@ -417,3 +417,29 @@ def test_the_python_blocks_of_docs_torch_md_run() -> None:
     blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
     assert len(blocks) >= 2
     exec(compile("\n".join(blocks), "docs/torch.md", "exec"), {})  # noqa: S102
+
+
+class VariableStrideKJT(DuckKJT):
+    """A KeyedJaggedTensor whose keys have different batch sizes."""
+
+    def __init__(self, keys: list[str], values: Any, lengths: Any, strides: list[int]) -> None:
+        super().__init__(keys, values, lengths)
+        self._strides = strides
+
+    def variable_stride_per_key(self) -> bool:
+        return True
+
+    def stride_per_key(self) -> list[int]:
+        return self._strides
+
+
+def test_a_variable_stride_keyed_jagged_tensor_splits_by_stride_per_key() -> None:
+    ebc = EmbeddingBagCollection.from_configs(configs()).eval()
+    values = torch.tensor([1, 2, 3, 4, 5, 6])
+    kjt = VariableStrideKJT(["item", "user"], values, torch.tensor([2, 0, 1, 2, 1]), [2, 3])
+    EmbeddingBagCollection.train(ebc)(kjt)  # insert the rows
+    out = ebc(kjt).to_dict()
+    assert tuple(out["item"].shape) == (2, 4) and tuple(out["user"].shape) == (3, 3)
+    want = ebc({"item": ([1, 2], [0, 2, 2]), "user": ([3, 4, 5, 6], [0, 1, 3, 4])})
+    for name in ("item", "user"):
+        torch.testing.assert_close(out[name], want[name], rtol=0, atol=0)
