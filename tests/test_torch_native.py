@@ -103,6 +103,8 @@ def test_from_configs_builds_tables_and_reports_configs_dims_and_repr() -> None:
     text = repr(ebc)
     assert "items: dim=4, pooling='mean', features=['item', 'history'], padding_id=-1" in text
     assert "users: dim=3, pooling='sum'" in text
+    with pytest.raises(AttributeError):
+        ebc.group = embstore.TableGroup({})  # type: ignore[misc]  # the ops hold the store
     ebc.group["users"].close()
     assert "users: dim=3" in repr(ebc)  # a closed table does not break the repr
     with pytest.raises(ValueError, match="mode"):

@@ -104,7 +104,6 @@ class EmbeddingBagCollection(torch.nn.Module):
                 raise ValueError(msg)
             configs = check_configs(configs)
             _check_backend_tables(group, configs)
-        self.group = group
         self.mode = mode
         self._binding = Binding(group, configs)
         # autograd records the store ops only if an input requires grad; the rows are not
@@ -121,6 +120,11 @@ class EmbeddingBagCollection(torch.nn.Module):
         tables of these names, e.g. a sharded or remote one)."""
         configs = check_configs(configs)
         return cls(build_group(configs) if backend is None else backend, configs=configs)
+
+    @property
+    def group(self) -> Any:
+        """The store: the :class:`~embstore.TableGroup` (or the backend given)."""
+        return self._binding.backend
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         """The tables' configs (for a module built from a group: one per table, whose
