@@ -13,7 +13,14 @@ from typing import Any
 
 import torch
 
-from embstore.torch._packing import Binding, feature_bags, run_apply, run_lookup
+from embstore.torch._packing import (
+    Binding,
+    apply_packed,
+    check_once,
+    feature_bags,
+    lookup_packed,
+    pack,
+)
 
 __all__ = ["lookup"]
 
@@ -36,7 +43,8 @@ def lookup_sum(
     """Pooled outputs of every table the features read (one store call), and a ticket the
     backward marks as applied. ``anchor`` (an empty tensor) makes autograd record the op."""
     del anchor
-    return run_lookup(handle, features, counts, values, lens, is_lengths, weights, bags, insert)
+    batch = pack(handle, features, counts, values, lens, is_lengths, weights, bags)
+    return lookup_packed(batch, insert), torch.ones(1, dtype=torch.int64)
 
 
 @lookup_sum.register_fake
@@ -76,7 +84,11 @@ def apply_gradients(
 ) -> Tensor:
     """The backward of :func:`lookup_sum`: every table's gradient in one store call. Returns
     the anchor's (empty) gradient, which keeps a compiled graph from dropping the op."""
-    run_apply(handle, features, counts, values, lens, is_lengths, weights, bags, grads, ticket)
+    flag = ticket.numpy()  # written through numpy: no version bump, so autograd allows it
+    check_once(flag[0] != 1)
+    flag[0] = 0  # before applying: never twice, even after a failed apply
+    batch = pack(handle, features, counts, values, lens, is_lengths, weights, bags)
+    apply_packed(batch, grads)
     return torch.zeros(0)
 
 
@@ -143,7 +155,8 @@ lookup_sum.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _EagerLookupSum(torch.autograd.Function):
-    """Eager twin of the custom op with its autograd: same functions, fewer layers.
+    """Eager twin of the custom op with its autograd: the same packing and store calls,
+    fewer layers, and the packed batch kept for the backward instead of packed again.
 
     Inputs: ``spec`` (the op's non-tensor arguments), the anchor, then every segment
     tensor, so autograd's version counters guard them until the backward."""
@@ -153,25 +166,21 @@ class _EagerLookupSum(torch.autograd.Function):
         del anchor
         handle, features, counts, is_lengths, bags, weighted = spec
         values, lens, weights = _unpack(tensors, len(counts), weighted)
-        outs, ticket = run_lookup(
-            handle, features, counts, values, lens, is_lengths, weights, bags, True
-        )
+        batch = pack(handle, features, counts, values, lens, is_lengths, weights, bags)
+        outs = lookup_packed(batch, True)
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no update
-        ctx.spec = spec
-        ctx.binding = Binding.of(handle)  # the graph keeps the store alive until the backward
-        ctx.ticket = ticket
+        ctx.batch = batch  # holds the binding: the graph keeps the store alive
+        ctx.applied = False
         ctx.save_for_backward(*tensors)
         return tuple(outs)
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> tuple[Any, ...]:
-        handle, features, counts, is_lengths, bags, weighted = ctx.spec
-        tensors = ctx.saved_tensors
-        values, lens, weights = _unpack(tensors, len(counts), weighted)
-        run_apply(
-            handle, features, counts, values, lens, is_lengths, weights, bags, list(grads),
-            ctx.ticket,
-        )  # fmt: skip
+        tensors = ctx.saved_tensors  # raises if one was modified in place meanwhile
+        check_once(ctx.applied)
+        ctx.applied = True  # before applying: never twice, even after a failed apply
+        batch, ctx.batch = ctx.batch, None
+        apply_packed(batch, grads)
         return (None, None, *([None] * len(tensors)))
 
 
@@ -204,10 +213,9 @@ def lookup(
         )
         return list(outs)
     if not training:
-        outs, _ = run_lookup(
-            handle, features, counts, values, lens, is_lengths, weights, bags, False
+        return lookup_packed(
+            pack(handle, features, counts, values, lens, is_lengths, weights, bags), False
         )
-        return outs
     weighted = [w is not None for w in weights]
     spec = (handle, features, counts, is_lengths, bags, weighted)
     given = [w for w in weights if w is not None]

@@ -34,7 +34,16 @@ import torch
 from embstore import _arrays
 from embstore.torch._config import EmbeddingBagConfig
 
-__all__ = ["Binding", "feature_bags", "grad_array", "run_apply", "run_lookup"]
+__all__ = [
+    "Binding",
+    "Packed",
+    "apply_packed",
+    "check_once",
+    "feature_bags",
+    "grad_array",
+    "lookup_packed",
+    "pack",
+]
 
 Tensor = torch.Tensor
 _Bag = tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[np.float32] | None]
@@ -228,7 +237,19 @@ def grad_array(grad: Tensor) -> npt.NDArray[np.float32]:
     return array
 
 
-def run_lookup(
+class Packed:
+    """A batch packed for the store: per table read (first-appearance order), its spec and
+    ``(keys, offsets, weights)``; and the mode of the store calls."""
+
+    __slots__ = ("binding", "mode", "tables")
+
+    def __init__(self, binding: Binding, tables: list[tuple[_TableSpec, _Bag]]) -> None:
+        self.binding = binding
+        self.tables = tables
+        self.mode = "mean" if all(spec.mean for spec, _ in tables) else "sum"
+
+
+def pack(
     handle: int,
     features: list[int],
     counts: list[int],
@@ -237,63 +258,51 @@ def run_lookup(
     is_lengths: list[int],
     weights: list[Tensor | None],
     bags: list[int],
-    insert: bool,
-) -> tuple[list[Tensor], Tensor]:
-    """Pooled outputs of every table the features read (one store call), and a ticket the
-    backward marks as applied."""
+) -> Packed:
+    """The ops' arguments as one batch per table (checked; errors name the feature)."""
     binding = Binding.of(handle)
     per_feature = _segment_bags(binding, features, counts, values, lens, is_lengths, weights, bags)
-    packed = _packed(binding, features, per_feature)
-    mode = "mean" if all(spec.mean for spec, _ in packed) else "sum"
-    request = {spec.name: _request(spec, bag) for spec, bag in packed}
-    pooled = binding.backend.lookup_sum(request, mode=mode, insert=insert)
+    return Packed(binding, _packed(binding, features, per_feature))
+
+
+def lookup_packed(batch: Packed, insert: bool) -> list[Tensor]:
+    """Pooled outputs of every table of ``batch``, in one store call."""
+    request = {spec.name: _request(spec, bag) for spec, bag in batch.tables}
+    pooled = batch.binding.backend.lookup_sum(request, mode=batch.mode, insert=insert)
     outs = []
-    for spec, bag in packed:
+    for spec, bag in batch.tables:
         out = np.asarray(pooled[spec.name], dtype=np.float32)
         if not out.flags.writeable or not out.flags.c_contiguous:
             out = np.array(out, dtype=np.float32)
-        if spec.mean and mode == "sum":
+        if spec.mean and batch.mode == "sum":
             counts_f = _bag_counts(bag[1])[:, None]
             np.divide(out, counts_f, out=out, where=counts_f > 0)
         outs.append(torch.from_numpy(out))  # shares memory with the store's output
-    return outs, torch.ones(1, dtype=torch.int64)
+    return outs
 
 
-def run_apply(
-    handle: int,
-    features: list[int],
-    counts: list[int],
-    values: list[Tensor],
-    lens: list[Tensor],
-    is_lengths: list[int],
-    weights: list[Tensor | None],
-    bags: list[int],
-    grads: list[Tensor | None],
-    ticket: Tensor,
-) -> None:
-    """The backward of :func:`run_lookup`: every table's gradient in one store call."""
-    flag = ticket.numpy()  # written through numpy: no version bump, so autograd allows it
-    if flag[0] != 1:
+def apply_packed(batch: Packed, grads: Sequence[Tensor | None]) -> None:
+    """The backward of :func:`lookup_packed`: every table's gradient in one store call."""
+    entries: dict[str, tuple[Any, ...]] = {}
+    for (spec, (keys, offsets, w)), grad in zip(batch.tables, grads):
+        if grad is None:  # no loss depends on this output: no update at all
+            continue
+        g = grad_array(grad)
+        if spec.mean and batch.mode == "sum":  # c_i = w_i / count_b, as the core's mean does
+            counts_f = _bag_counts(offsets)
+            per_id = np.repeat(counts_f, counts_f.astype(np.int64))
+            w = (np.float32(1.0) if w is None else w) / per_id
+        entries[spec.name] = (keys, offsets, g) if w is None else (keys, offsets, g, w)
+    if entries:
+        batch.binding.backend.apply_gradients(entries, mode=batch.mode)
+
+
+def check_once(applied: bool) -> None:
+    """Raise if this forward's gradients were already applied."""
+    if applied:
         msg = (
             "embstore: a second backward through the same EmbeddingBagCollection forward; "
             "its gradients were already applied to the store. Each forward applies its "
             "gradients once: backpropagate the sum of the losses in one backward call."
         )
         raise RuntimeError(msg)
-    flag[0] = 0  # before applying: never twice, even after a failed apply
-    binding = Binding.of(handle)
-    per_feature = _segment_bags(binding, features, counts, values, lens, is_lengths, weights, bags)
-    packed = _packed(binding, features, per_feature)
-    mode = "mean" if all(spec.mean for spec, _ in packed) else "sum"
-    entries: dict[str, tuple[Any, ...]] = {}
-    for (spec, (keys, offsets, w)), grad in zip(packed, grads):
-        if grad is None:  # no loss depends on this output: no update at all
-            continue
-        g = grad_array(grad)
-        if spec.mean and mode == "sum":  # c_i = w_i / count_b, as the core's mean does
-            counts_f = _bag_counts(offsets)
-            per_id = np.repeat(counts_f, counts_f.astype(np.int64))
-            w = (np.float32(1.0) if w is None else w) / per_id
-        entries[spec.name] = (keys, offsets, g) if w is None else (keys, offsets, g, w)
-    if entries:
-        binding.backend.apply_gradients(entries, mode=mode)
