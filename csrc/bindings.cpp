@@ -25,6 +25,8 @@
 #include "embstore/thread_pool.hpp"  // ThreadPool
 
 namespace py = pybind11;
+
+void bind_route(py::module_& m);  // python/route_bindings.cpp
 using embstore::PoolMode;
 using embstore::Snapshot;
 using embstore::Table;
@@ -627,4 +629,5 @@ PYBIND11_MODULE(_core, m) {
         return summary_dict(h.summary());
       },
       py::arg("values_ns"));
+  bind_route(m);
 }
