@@ -16,6 +16,7 @@ from embstore import checkpoint, metrics
 from embstore._core import CapacityError
 from embstore.admission import CountFilter
 from embstore.checkpoint import CheckpointError
+from embstore.errors import ShardLostError, StaleStepError
 from embstore.group import TableGroup
 from embstore.initializers import Normal, TruncatedNormal, Uniform, Zeros
 from embstore.optimizers import FTRL, SGD, Adagrad, Adam, RowWiseAdagrad
@@ -33,6 +34,8 @@ __all__ = [
     "CountFilter",
     "Normal",
     "RowWiseAdagrad",
+    "ShardLostError",
+    "StaleStepError",
     "Table",
     "TableGroup",
     "TruncatedNormal",

@@ -80,6 +80,36 @@ def as_grads(grads: Any, rows: int, dim: int, what: str) -> npt.NDArray[np.float
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
+def group_feature(name: str, feature: Any) -> tuple[Any, ...]:
+    """One table's ``(keys, offsets[, weights])`` of a group lookup, converted (as
+    TableGroup.lookup_sum checks it)."""
+    if not isinstance(feature, tuple) or len(feature) not in (2, 3):
+        msg = f"features[{name!r}] must be (keys, offsets) or (keys, offsets, weights)"
+        raise ValueError(msg)
+    k = as_keys(feature[0])
+    off = as_offsets(feature[1])
+    w = as_weights(feature[2], k.shape[0]) if len(feature) == 3 else None
+    return (k, off) if w is None else (k, off, w)
+
+
+def group_grads(name: str, entry: Any, dim: int) -> tuple[Any, ...]:
+    """One table's ``(keys, offsets, grads[, weights])`` of a group apply, converted (as
+    TableGroup.apply_gradients checks it)."""
+    if not isinstance(entry, tuple) or len(entry) not in (3, 4):
+        msg = f"grads[{name!r}] must be (keys, offsets, grads) or (keys, offsets, grads, weights)"
+        raise ValueError(msg)
+    k = as_keys(entry[0])
+    off = as_offsets(entry[1])
+    g = as_grads(entry[2], off.shape[0] - 1, dim, "one row per bag")
+    w = as_weights(entry[3], k.shape[0]) if len(entry) == 4 else None
+    return (k, off, g) if w is None else (k, off, g, w)
+
+
+def unknown_table(name: str, names: list[str]) -> KeyError:
+    """The error for a table name a group does not have."""
+    return KeyError(f"unknown table {name!r}; the group has {names}")
+
+
 def mode_code(mode: str) -> int:
     """Return the core's code for a pooling ``mode`` ("sum" or "mean")."""
     try:

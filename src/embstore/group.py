@@ -67,8 +67,7 @@ class TableGroup(Mapping[str, Table]):
         try:
             return self._tables[name]
         except KeyError:
-            msg = f"unknown table {name!r}; the group has {self.names}"
-            raise KeyError(msg) from None
+            raise _arrays.unknown_table(name, self.names) from None
 
     def _deliver_evicted(self, names: list[str]) -> None:
         for name in names:  # each table's on_evict, after the whole call (no locks held)
@@ -92,6 +91,14 @@ class TableGroup(Mapping[str, Table]):
         """The group saved in ``directory`` by :meth:`save` (``num_threads`` overrides every
         table's). Raises :class:`~embstore.CheckpointError` if any file is bad."""
         return _persist.load_group(directory, num_threads)
+
+    @classmethod
+    def load_sharded(cls, directory: str | os.PathLike[str]) -> TableGroup:
+        """Every shard of a :class:`embstore.ray.ShardedTableGroup` checkpoint merged into
+        one in-process group (each table at its total capacity). Needs no Ray."""
+        from embstore.ray.store import load_sharded
+
+        return load_sharded(directory)
 
     def set_step(self, step: int) -> None:
         """``Table.set_step(step)`` on every table of the group."""
@@ -140,14 +147,8 @@ class TableGroup(Mapping[str, Table]):
             checked: list[tuple[Any, ...]] = []
             for name, feature in zip(names, given):
                 table = self._table(name)
-                if not isinstance(feature, tuple) or len(feature) not in (2, 3):
-                    msg = f"features[{name!r}] must be (keys, offsets) or (keys, offsets, weights)"
-                    raise ValueError(msg)
-                k = _arrays.as_keys(feature[0])
-                off = _arrays.as_offsets(feature[1])
+                checked.append(_arrays.group_feature(name, feature))
                 impls.append(table._live())
-                w = _arrays.as_weights(feature[2], k.shape[0]) if len(feature) == 3 else None
-                checked.append((k, off) if w is None else (k, off, w))
             outs = _core.group_lookup_sum(impls, checked, code, bool(insert), names)
             if outs is None:
                 raise _not_taken(checked)
@@ -170,18 +171,8 @@ class TableGroup(Mapping[str, Table]):
             checked: list[tuple[Any, ...]] = []
             for name, entry in zip(names, given):
                 table = self._table(name)
-                if not isinstance(entry, tuple) or len(entry) not in (3, 4):
-                    msg = (
-                        f"grads[{name!r}] must be (keys, offsets, grads) or "
-                        "(keys, offsets, grads, weights)"
-                    )
-                    raise ValueError(msg)
-                k = _arrays.as_keys(entry[0])
-                off = _arrays.as_offsets(entry[1])
+                checked.append(_arrays.group_grads(name, entry, table.dim))
                 impls.append(table._live())
-                g = _arrays.as_grads(entry[2], off.shape[0] - 1, table.dim, "one row per bag")
-                w = _arrays.as_weights(entry[3], k.shape[0]) if len(entry) == 4 else None
-                checked.append((k, off, g) if w is None else (k, off, g, w))
             if not _core.group_apply_gradients(impls, checked, code, names):
                 raise _not_taken(checked)
         self._deliver_evicted(names)
