@@ -26,7 +26,8 @@
 
 namespace py = pybind11;
 
-void bind_route(py::module_& m);  // python/route_bindings.cpp
+void bind_route(py::module_& m);        // python/route_bindings.cpp
+void bind_metrics_raw(py::module_& m);  // python/metrics_raw_bindings.cpp
 using embstore::PoolMode;
 using embstore::Snapshot;
 using embstore::Table;
@@ -630,4 +631,5 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("values_ns"));
   bind_route(m);
+  bind_metrics_raw(m);
 }

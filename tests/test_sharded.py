@@ -272,3 +272,50 @@ def test_constructor_errors_name_the_argument() -> None:
         ShardedTableGroup({"a": TableSpec(dim=0, capacity=10)}, num_shards=1)
     with pytest.raises(ValueError, match="restore='checkpoint' needs"):
         ShardedTableGroup(specs(), num_shards=1, restore="checkpoint")
+
+
+def _raw(values: list[int]) -> tuple[np.ndarray, int, int]:
+    from embstore import _core
+
+    counts = np.zeros(int(_core.LATENCY_BUCKETS), np.uint64)
+    for v in values:
+        counts[int(_core.latency_bucket_of(v))] += 1
+    return counts, sum(values), max(values)
+
+
+def test_stats_merge_histograms_bucket_by_bucket() -> None:
+    from embstore import _core
+    from embstore.ray import _stats
+
+    fast = [1_000 + 7 * i for i in range(990)]  # shard 0: ~1 us
+    slow = [5_000_000 + 1_000 * i for i in range(10)]  # shard 1: ~5 ms
+    per_shard = [
+        {"tables": {"t": {"hits": 3}}, "raw": {"t": {"lookup": _raw(fast)}}},
+        {"tables": {"t": {"hits": 4}}, "raw": {"t": {"lookup": _raw(slow)}}},
+    ]
+    merged = _stats.merge(per_shard, _stats.Layers())["tables"]["t"]
+    assert merged["hits"] == 7
+    want = _core.histogram_summary(fast + slow)  # one histogram of every value
+    assert merged["latency"]["lookup"] == pytest.approx(want)
+    assert merged["latency"]["lookup"]["p99_us"] < 100  # not an average of the shards' P99s
+
+
+def test_stats_sum_counters_and_time_the_client_layers() -> None:
+    rng = np.random.default_rng(6)
+    sp = specs("sgd")
+    with ShardedTableGroup(sp, num_shards=2) as store:
+        group = in_process(sp)
+        train(store, group, rng, 3, "sum", weighted=False, exact=False)
+        st = store.stats()
+        lat = st["tables"]["user"]["latency"]
+        shard_counts = [s["user"]["latency"]["group.lookup_sum"]["count"] for s in st["shards"]]
+        assert lat["group.lookup_sum"]["count"] == sum(shard_counts) == 6
+        for layer in (
+            "client.route",
+            "client.rpc.lookup_sum",
+            "client.reduce",
+            "client.rpc.apply",
+            "shard.lookup_sum",
+            "shard.apply",
+        ):
+            assert st["client"][layer]["count"] > 0, layer

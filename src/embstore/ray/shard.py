@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from embstore.errors import StaleStepError
 from embstore.group import TableGroup
-from embstore.ray import _reshard
+from embstore.ray import _reshard, _stats
 from embstore.ray.spec import TableSpec
 
 __all__ = ["MAX_PENDING", "ShardServer"]
@@ -129,8 +129,9 @@ class ShardServer:
     def evict(self, older_than: int) -> dict[str, dict[str, np.ndarray]]:
         return {n: t.evict(older_than=older_than) for n, t in self.group.items()}
 
-    def stats(self) -> dict[str, dict[str, Any]]:
-        return self.group.stats()
+    def stats(self) -> dict[str, Any]:
+        """Each table's stats and raw latency histograms (merged by the client)."""
+        return {"tables": self.group.stats(), "raw": _stats.raw_buckets(dict(self.group))}
 
     def health(self) -> dict[str, Any]:
         return {

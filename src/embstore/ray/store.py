@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ import numpy.typing as npt
 from embstore import _arrays
 from embstore.errors import ShardLostError
 from embstore.group import TableGroup
-from embstore.ray import _pool, _reshard
+from embstore.ray import _pool, _reshard, _stats
 from embstore.ray.spec import TableSpec
 
 if TYPE_CHECKING:  # typing.Self needs Python 3.11; annotations are never evaluated at run time
@@ -61,10 +62,17 @@ class ApplyHandle:
     def __init__(self, store: ShardedTableGroup, futures: list[tuple[int, Any]]) -> None:
         self._store = store
         self._futures = futures
+        self._submitted = time.perf_counter_ns()
 
     def wait(self) -> None:
         futures, self._futures = self._futures, []
-        self._store._results(futures, "unknown")
+        if not futures:
+            return
+        shard_ns = self._store._results(futures, "unknown")
+        layers = self._store._layers
+        layers.record("client.rpc.apply", time.perf_counter_ns() - self._submitted)
+        for ns in shard_ns:
+            layers.record("shard.apply", ns)
 
 
 class ShardedTableGroup(Mapping[str, TableSpec]):
@@ -137,6 +145,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._step = 0 if _source is None or _source.step is None else _source.step
         self._last_checkpoint_step: int | None = None if _source is None else _source.step
         self._closed = False
+        self._layers = _stats.Layers()
         if _backend is not None:
             self._backend = _backend
         elif backend == "local":
@@ -234,24 +243,29 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         names = list(features)
         checked = [_arrays.group_feature(n, features[n]) for n in self._check_names(names)]
         self._usable()
+        t0 = time.perf_counter_ns()
         batches = [(c[0], c[1], c[2] if len(c) == 3 else None, None) for c in checked]
         plans = _pool.route(names, batches, self._num_shards, mean=code == 1)
         token = next(self._tokens)
+        t1 = time.perf_counter_ns()
         futures = []
         for shard in range(self._num_shards):
             batch = {n: p.part(shard) for n, p in zip(names, plans)}
-            futures.append(
-                (
-                    shard,
-                    self._backend.submit(shard, "lookup", token, batch, bool(insert), bool(exact)),
-                )
-            )
+            call = self._backend.submit(shard, "lookup", token, batch, bool(insert), bool(exact))
+            futures.append((shard, call))
         answers = self._results(futures, "no")
+        t2 = time.perf_counter_ns()
         outs: dict[str, npt.NDArray[np.float32]] = {}
         for name, plan, c in zip(names, plans, checked):
             outs[name] = self._reduce(name, plan, c, answers, code == 1, exact)
             if insert:
                 self._forwards[name] = _Forward(token, c, code, plan)
+        layers = self._layers
+        layers.record("client.route", t1 - t0)
+        layers.record("client.rpc.lookup_sum", t2 - t1)
+        layers.record("client.reduce", time.perf_counter_ns() - t2)
+        for _, shard_ns in answers:
+            layers.record("shard.lookup_sum", shard_ns)
         return outs
 
     def _check_names(self, names: list[str]) -> list[str]:
@@ -299,7 +313,9 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         names = list(grads)
         checked = [_arrays.group_grads(n, grads[n], self._dim(n)) for n in names]
         batches = [(c[0], c[1], c[3] if len(c) == 4 else None, c[2]) for c in checked]
+        t0 = time.perf_counter_ns()
         _pool.route(names, batches, self._num_shards, mean=code == 1, split=False)
+        self._layers.record("client.validate", time.perf_counter_ns() - t0)
         self._usable()
         token: int | None = None
         reroute: list[int] = []
@@ -380,11 +396,12 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
     def stats(self) -> dict[str, Any]:
-        """Counters summed over shards per table (``tables``), and each shard's own
-        ``Table.stats()`` (``shards``, latency summaries included: see docs/ray.md)."""
-        from embstore.ray._stats import merge
-
-        return merge(self._broadcast("stats"))
+        """``tables``: per table, the shards' counters summed and their latency histograms
+        added bucket by bucket (then summarised as ``Table.stats()["latency"]``); ``client``:
+        this client's layers (``client.route``, ``client.rpc.lookup_sum``,
+        ``client.rpc.apply``, ``client.reduce``, and the shards' own ``shard.lookup_sum``
+        and ``shard.apply`` times); ``shards``: each shard's ``Table.stats()`` per table."""
+        return _stats.merge(self._broadcast("stats"), self._layers)
 
     def health(self) -> list[dict[str, Any]]:
         """Per shard: ``{alive, restarts, last_checkpoint, lost_steps, rows}`` (and ``pid``)."""
