@@ -19,11 +19,12 @@ namespace embstore {
 // The salt of the documented route (recorded in sharded checkpoints with its name).
 constexpr uint64_t kRouteSalt = 0xA0761D6478BD642FULL;
 
-// The route of `id` in [0, num_routes): the high bits of (splitmix64(id ^ salt) * num_routes).
+// The route of `id` in [0, num_routes): the high word of splitmix64(id ^ salt) * num_routes,
+// from 32-bit halves (no 128-bit type; exact, and no overflow since num_routes < 2^32).
 inline uint32_t route_of(uint64_t id, uint64_t salt, uint32_t num_routes) noexcept {
-  const unsigned __int128 product =
-      static_cast<unsigned __int128>(splitmix64(id ^ salt)) * num_routes;
-  return static_cast<uint32_t>(product >> 64);
+  const uint64_t h = splitmix64(id ^ salt);
+  const uint64_t low = ((h & 0xFFFFFFFFULL) * num_routes) >> 32;
+  return static_cast<uint32_t>(((h >> 32) * num_routes + low) >> 32);
 }
 
 // One table's part of a batch, as a lookup or apply takes it.
@@ -38,30 +39,45 @@ struct RouteRequest {
   std::string label;  // the table's name, for errors
 };
 
-// A request split by route. Route r holds the ids order[key_start[r]:key_start[r+1]] (their
-// positions in the request, in request order), and the bags with at least one of them,
-// bags[bag_start[r]:bag_start[r+1]] (increasing), as its own CSR batch: its keys and weights
-// are the same slices of `keys` and `weights`, and its offsets (relative to its first key)
-// are offsets[bag_start[r] + r : bag_start[r + 1] + r + 1].
-struct RoutePlan {
-  std::vector<int64_t> order;
-  std::vector<uint64_t> keys;
-  std::vector<float> weights;  // empty without weights
-  std::vector<float> coef;     // with `mean`: an apply's factor per id, (weight or 1) / bag size
-  std::vector<int64_t> key_start;
-  std::vector<int64_t> bags;
-  std::vector<int64_t> bag_start;
-  std::vector<int64_t> offsets;
-};
-
 // Runs the checks a batch call runs (offsets, then grads, then weights finite), request by
 // request; throws the first error, exactly as the batch call would.
 void validate_route_requests(const std::vector<RouteRequest>& requests);
 
-// Splits a request by route (the request must be valid). `mean` fills coef as an apply in
-// mean mode scales each id's bag gradient (the same float32 division).
-RoutePlan route_request(const RouteRequest& request, uint32_t num_routes, uint64_t salt,
-                        bool mean);
+// A request split by route, in two passes so the caller can allocate the outputs between
+// them (count_routes, then fill_routes). Route r holds the ids at positions
+// order[key_start[r]:key_start[r+1]] of the request (in request order) and the bags with at
+// least one of them, bags[bag_start[r]:bag_start[r+1]] (increasing), as its own CSR batch:
+// its keys (and weights, coef) are the same slices of `keys` (`weights`, `coef`), and its
+// offsets, relative to its first key, are offsets[bag_start[r] + r : bag_start[r+1] + r + 1].
+struct RouteCounts {
+  std::vector<int64_t> key_start;  // [num_routes + 1]
+  std::vector<int64_t> bag_start;  // [num_routes + 1]
+  size_t num_keys() const { return static_cast<size_t>(key_start.back()); }
+  size_t num_bags() const { return static_cast<size_t>(bag_start.back()); }
+  size_t num_offsets() const { return num_bags() + key_start.size() - 1; }
+};
+
+struct RouteOutput {
+  int64_t* order;    // [num_keys]
+  uint64_t* keys;    // [num_keys]
+  float* weights;    // [num_keys] or nullptr (needs request weights)
+  float* coef;       // [num_keys] or nullptr: an apply's factor per id in mean mode,
+                     // (weight or 1) / bag size, the apply kernel's float32 division
+  int64_t* bags;     // [num_bags]
+  int64_t* offsets;  // [num_offsets]
+};
+
+// Pass 1 over a valid request: each id's route into route[0, n), and the counts per route.
+RouteCounts count_routes(const RouteRequest& request, uint32_t num_routes, uint64_t salt,
+                         uint32_t* route);
+// Pass 2: scatters the request into `out` by the routes of pass 1.
+void fill_routes(const RouteRequest& request, const uint32_t* route, const RouteCounts& counts,
+                 const RouteOutput& out);
+
+// out[bags[j]] += rows[j] for j in [0, count) (rows of `dim` floats): adds one route's
+// partial pooled sums into the whole batch's. Bags must be < the rows of `out`.
+void add_rows(float* out, size_t dim, const int64_t* bags, size_t count,
+              const float* rows) noexcept;
 
 // out[i] = route_of(keys[i], salt, num_routes).
 void route_ids(const uint64_t* keys, size_t n, uint64_t salt, uint32_t num_routes,

@@ -172,6 +172,9 @@ def route_batches(
     mean: bool,
     split: bool = True,
 ) -> list[tuple[Any, ...]] | None: ...
+def add_rows(
+    out: npt.NDArray[np.float32], bags: npt.NDArray[np.int64], rows: npt.NDArray[np.float32]
+) -> None: ...
 def route_ids(
     keys: npt.NDArray[np.uint64], num_routes: int, salt: int
 ) -> npt.NDArray[np.uint32]: ...

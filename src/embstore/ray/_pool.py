@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _core
+from embstore import _arrays, _core
 from embstore.ray._reshard import SALT
 
 __all__ = ["Plan", "pool_in_order", "reduce_partials", "route"]
@@ -58,11 +58,13 @@ def route(
 
 
 def reduce_partials(num_bags: int, dim: int, parts: Sequence[tuple[Any, F32]]) -> F32:
-    """The pooled sums of every bag: the shards' partial sums (bags, sums) added up."""
-    out = np.zeros((num_bags, dim), dtype=np.float32)
+    """The pooled sums of every bag: the shards' partial sums (bags, sums) added up, in
+    shard order (in C++: numpy's scatter-add took ~1.4 ms of a W1 L=8 step)."""
+    out = _arrays.new_rows(num_bags, dim)  # pooled memory: no page faults per step
+    out.fill(0.0)
     for bags, sums in parts:
         if bags.shape[0]:
-            out[bags] += sums
+            _core.add_rows(out, bags, np.ascontiguousarray(sums, dtype=np.float32))
     return out
 
 

@@ -110,7 +110,8 @@ class ShardServer:
                 part = forward[name]
             keys, offsets, bags, weights, coef = part
             factor = coef if coef is not None else weights
-            bag_grads = np.ascontiguousarray(g[bags])
+            # A shard that touched every bag (usual at L=8) takes the gradients as they are.
+            bag_grads = g if bags.shape[0] == g.shape[0] else np.ascontiguousarray(g[bags])
             entries[name] = (
                 (keys, offsets, bag_grads) if factor is None else (keys, offsets, bag_grads, factor)
             )
