@@ -136,3 +136,33 @@ def test_manifest_records_the_route(tmp_path: os.PathLike[str]) -> None:
     with open(os.path.join(tmp_path, "MANIFEST.json")) as f:
         text = f.read()
     assert _reshard.ROUTE in text and f"{_reshard.SALT:#018x}" in text
+
+
+@pytest.mark.parametrize("loaded", [2, 3])
+def test_save_delta_chains_load_bit_exact(tmp_path: os.PathLike[str], loaded: int) -> None:
+    store, group, rng = _trained(2, "adam", 2, 20 + loaded)
+    with pytest.raises(embstore.CheckpointError, match="save_delta needs"):
+        store.save_delta(tmp_path)
+    store.save(tmp_path)
+    train(store, group, rng, 2, "sum", weighted=True)
+    store.save_delta(tmp_path)
+    store.set_step(10)
+    group.set_step(10)
+    train(store, group, rng, 1, "mean", weighted=False)
+    store.evict(older_than=3)  # removed ids go into the next delta
+    for n in group:
+        group[n].evict(older_than=3)
+    store.save_delta(tmp_path)
+    store.close()
+    with ShardedTableGroup.load(tmp_path, num_shards=loaded) as back:
+        assert_same_rows(back, group)
+        if loaded == 2:  # the chain continues in the same directory
+            train(back, group, rng, 1, "sum", weighted=False)
+            back.save_delta(tmp_path)
+    if loaded == 2:
+        with ShardedTableGroup.load(tmp_path) as again:
+            assert_same_rows(again, group)
+    merged = embstore.TableGroup.load_sharded(tmp_path)
+    for name in group:
+        got, want = merged[name].export(), group[name].export()
+        np.testing.assert_array_equal(np.sort(got["ids"]), np.sort(want["ids"]))

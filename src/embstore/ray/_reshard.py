@@ -41,6 +41,8 @@ __all__ = ["ROUTE", "Source", "load_shard", "open_source", "route_ids", "write_m
 FORMAT = "embstore.sharded"
 VERSION = 1
 MANIFEST = "MANIFEST.json"
+DELTA = "DELTA.json"
+DELTA_FORMAT = "embstore.shard-delta"
 #: The route function's name, recorded in every manifest (a new function is a new version).
 ROUTE = "splitmix64-salted-mulshift"
 SALT = int(_core.ROUTE_SALT)
@@ -67,6 +69,13 @@ class Source:
     step: int | None
     capacities: Mapping[str, int]  # each table's total capacity
     salt: int = SALT
+    deltas: tuple[tuple[str, ...], ...] = ()  # per save_delta, one directory per shard
+
+
+def _write_json_manifest(path: str, body: dict[str, Any]) -> None:
+    text = json.dumps(body, sort_keys=True)
+    manifest = {"body": body, "crc32": zlib.crc32(text.encode()) & 0xFFFFFFFF}
+    write_atomic(path, json.dumps(manifest).encode())
 
 
 def _read_json_manifest(path: str) -> dict[str, Any]:
@@ -120,7 +129,13 @@ def open_source(directory: str | os.PathLike[str]) -> Source:
         raise CheckpointError(msg)
     step = body.get("step")
     caps = {str(n): int(c) for n, c in body["capacities"].items()}
-    return Source(directory, len(dirs), dirs, step, caps, int(route["salt"], 16))
+    deltas = tuple(
+        tuple(os.path.join(directory, d) for d in save) for save in body.get("deltas", [])
+    )
+    if any(len(save) != len(dirs) for save in deltas):
+        msg = f"{directory}: a delta save of the manifest does not have {len(dirs)} shards"
+        raise CheckpointError(msg)
+    return Source(directory, len(dirs), dirs, step, caps, int(route["salt"], 16), deltas)
 
 
 def write_manifest(
@@ -128,6 +143,7 @@ def write_manifest(
     shard_dirs: list[str],
     capacities: Mapping[str, int],
     step: int | None,
+    deltas: list[list[str]] | None = None,
 ) -> None:
     """Commits a save: writes the manifest atomically, then removes shard directories of
     older saves (any not named now)."""
@@ -136,16 +152,44 @@ def write_manifest(
         "version": VERSION,
         "route": {"function": ROUTE, "salt": f"{SALT:#018x}", "num_shards": len(shard_dirs)},
         "shards": shard_dirs,
+        "deltas": deltas or [],
         "capacities": dict(capacities),
         "step": step,
     }
-    text = json.dumps(body, sort_keys=True)
-    manifest = {"body": body, "crc32": zlib.crc32(text.encode()) & 0xFFFFFFFF}
-    write_atomic(os.path.join(directory, MANIFEST), json.dumps(manifest).encode())
-    keep = set(shard_dirs)
+    _write_json_manifest(os.path.join(directory, MANIFEST), body)
+    keep = set(shard_dirs).union(*(deltas or []))
     for name in os.listdir(directory):
         if _SHARD_DIR.match(name) and name not in keep:
             shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def read_body(directory: str) -> dict[str, Any] | None:
+    """The committed sharded manifest's body in ``directory``, or None if there is none."""
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(path):
+        return None
+    body = _read_json_manifest(path)
+    return body if body.get("format") == FORMAT else None
+
+
+def save_delta_files(group: TableGroup, directory: str) -> None:
+    """One shard's ``save_delta``: each table's delta in ``directory``, named by DELTA.json
+    (written last, atomically)."""
+    os.makedirs(directory, exist_ok=True)
+    files = {}
+    for k, (name, table) in enumerate(group.items()):
+        fname = f"t{k:03d}-delta.ckpt"
+        table.save_delta(os.path.join(directory, fname))
+        files[name] = fname
+    _write_json_manifest(os.path.join(directory, DELTA), {"format": DELTA_FORMAT, "tables": files})
+
+
+def _delta_files(directory: str) -> dict[str, str]:
+    body = _read_json_manifest(os.path.join(directory, DELTA))
+    if body.get("format") != DELTA_FORMAT:
+        msg = f"{directory}: not a shard delta ({body.get('format')!r})"
+        raise CheckpointError(msg)
+    return {str(n): os.path.join(directory, f) for n, f in body["tables"].items()}
 
 
 def specs_of(source: Source) -> dict[str, TableSpec]:
@@ -169,20 +213,23 @@ def specs_of(source: Source) -> dict[str, TableSpec]:
 def load_shard(
     source: Source, specs: Mapping[str, TableSpec], shard: int, num_shards: int
 ) -> TableGroup:
-    """Shard ``shard`` of ``num_shards``'s tables from ``source``: its own directory when
-    the shard count is unchanged, else its rows streamed out of every old shard."""
-    if num_shards == source.num_shards:
+    """Shard ``shard`` of ``num_shards``'s tables from ``source``: its own files when the
+    shard count is unchanged, else its rows streamed out of every old shard's files."""
+    if num_shards == source.num_shards and not source.deltas:
         return TableGroup.load(source.shard_dirs[shard])
-    if source.salt != SALT:
+    if num_shards != source.num_shards and source.salt != SALT:
         msg = f"{source.directory}: saved with route salt {source.salt:#x}, cannot re-route"
         raise CheckpointError(msg)
-    per_shard = [_group_files(d) for d in source.shard_dirs]
+    chains = [_chains(source, j) for j in range(source.num_shards)]
     tables: dict[str, Table] = {}
     try:
-        for name in per_shard[0]:
-            paths = [files[name] for files in per_shard]
-            spec = specs[name]
-            tables[name] = _load_filtered(paths, spec, name, shard, num_shards)
+        for name in chains[0]:
+            if num_shards == source.num_shards:
+                base, *deltas = chains[shard][name]
+                tables[name] = Table.load(base, deltas, name=name)
+            else:
+                paths = [c[name] for c in chains]
+                tables[name] = _load_filtered(paths, specs[name], name, shard, num_shards)
     except BaseException:
         for t in tables.values():
             t.close()
@@ -190,17 +237,32 @@ def load_shard(
     return TableGroup(tables)
 
 
-def _load_filtered(paths: list[str], spec: TableSpec, name: str, shard: int, n: int) -> Table:
-    """A table of the rows routed to ``shard`` of ``n`` out of full checkpoints ``paths``,
-    streamed one chunk at a time (admission counters start empty: the sketch is per shard)."""
+def _chains(source: Source, old_shard: int) -> dict[str, list[str]]:
+    """name -> [full checkpoint, deltas...] of one old shard."""
+    chains = {n: [p] for n, p in _group_files(source.shard_dirs[old_shard]).items()}
+    for save in source.deltas:
+        for name, path in _delta_files(save[old_shard]).items():
+            chains[name].append(path)
+    return chains
+
+
+def _load_filtered(
+    chains: list[list[str]], spec: TableSpec, name: str, shard: int, n: int
+) -> Table:
+    """A table of the rows routed to ``shard`` of ``n`` out of every old shard's chain (a
+    full checkpoint and its deltas), streamed one chunk at a time (admission counters start
+    empty: the sketch is per shard)."""
     table: Table | None = None
     try:
         step, tracking = 0, False
-        for path in paths:
-            with CheckpointReader(path) as r:
-                cfg = _persist._Config(r)
-                if r.kind != "full":
-                    raise r._error("a sharded checkpoint's shards must be full checkpoints")
+        for chain in chains:
+            readers, configs = _persist._open_chain(chain[0], chain[1:])
+            masks: list[Any] = [None] * len(readers)
+            if len(readers) > 1:  # the rows no later delta replaces or removes
+                masks, _ = _persist._select(readers, 2**63, None)
+                readers = [CheckpointReader(r.path) for r in readers]
+            try:
+                cfg = configs[-1]
                 if table is None:
                     table = dataclasses.replace(
                         spec,
@@ -210,10 +272,14 @@ def _load_filtered(paths: list[str], spec: TableSpec, name: str, shard: int, n: 
                         name=name,
                     ).build(n, name)
                 elif cfg.dim != table.dim or type(cfg.optimizer) is not type(table.optimizer):
-                    raise r._error(f"table {name!r} differs from the other shards' ({paths[0]})")
+                    raise readers[0]._error(f"table {name!r} differs from the other shards'")
                 tracking = tracking or cfg.step_tracking
                 step = max(step, cfg.step)
-                _import_routed(table, r, cfg.row_width, shard, n)
+                for r, mask in zip(readers, masks):
+                    _import_routed(table, r, cfg.row_width, shard, n, mask)
+            finally:
+                for r in readers:
+                    r.close()
         assert table is not None
         if tracking:
             table.set_step(step)
@@ -224,7 +290,9 @@ def _load_filtered(paths: list[str], spec: TableSpec, name: str, shard: int, n: 
         raise
 
 
-def _import_routed(table: Table, r: CheckpointReader, width: int, shard: int, n: int) -> None:
+def _import_routed(
+    table: Table, r: CheckpointReader, width: int, shard: int, n: int, mask: Any
+) -> None:
     impl = table._live()
     seen = 0
     with contextlib.closing(_persist._prefetch_groups(r, width)) as items:
@@ -234,6 +302,8 @@ def _import_routed(table: Table, r: CheckpointReader, width: int, shard: int, n:
             buf, count = item.buffers, item.n
             ids = buf.ids[:count]
             keep = route_ids(ids, n) == shard if n > 1 else np.ones(count, dtype=bool)
+            if mask is not None:
+                keep &= mask[seen : seen + count]
             seen += count
             kept = int(keep.sum())
             if kept:

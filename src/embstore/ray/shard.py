@@ -124,6 +124,10 @@ class ShardServer:
         """This shard's tables as a TableGroup checkpoint in ``directory``."""
         self.group.save(directory)
 
+    def save_delta(self, directory: str) -> None:
+        """Each table's rows changed since its last checkpoint, into ``directory``."""
+        _reshard.save_delta_files(self.group, directory)
+
     def set_step(self, step: int) -> None:
         self.group.set_step(step)
 

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embstore import _arrays
+from embstore.checkpoint import CheckpointError
 from embstore.errors import ShardLostError
 from embstore.group import TableGroup
 from embstore.ray import _pool, _reshard, _stats
@@ -146,6 +147,11 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._last_checkpoint_step: int | None = None if _source is None else _source.step
         self._closed = False
         self._layers = _stats.Layers()
+        # The directory of the last checkpoint committed by or loaded into this store with
+        # its shard count unchanged: where save_delta continues the chain.
+        self._chain_dir = (
+            _source.directory if _source is not None and _source.num_shards == num_shards else None
+        )
         if _backend is not None:
             self._backend = _backend
         elif backend == "local":
@@ -415,10 +421,8 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         leaves the previous checkpoint in ``directory`` the committed one."""
         directory = os.path.abspath(os.fspath(directory))
         os.makedirs(directory, exist_ok=True)
-        save_id = uuid.uuid4().hex
-        dirs = [
-            _reshard.shard_dir_name(k, self._num_shards, save_id) for k in range(self._num_shards)
-        ]
+        dirs = self._new_dirs()
+        self._chain_dir = None  # until committed: a failed save starts no chain
         self._usable()
         futures = [
             (k, self._backend.submit(k, "save", os.path.join(directory, d)))
@@ -428,6 +432,41 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         caps = {n: s.capacity for n, s in self._specs.items()}
         _reshard.write_manifest(directory, dirs, caps, self._step)
         self._last_checkpoint_step = self._step
+        self._chain_dir = directory
+
+    def save_delta(self, directory: str | os.PathLike[str]) -> None:
+        """Checkpoint only what changed since the last :meth:`save` or :meth:`save_delta`
+        into ``directory`` (the directory of that checkpoint): one delta per table and shard
+        in new subdirectories, then the manifest, extended by them, written atomically.
+        Raises :class:`~embstore.CheckpointError` if the last checkpoint of this store was
+        not committed in ``directory`` (a failed save or save_delta needs a full save)."""
+        directory = os.path.abspath(os.fspath(directory))
+        body = _reshard.read_body(directory)
+        if self._chain_dir != directory or body is None:
+            msg = (
+                f"{directory}: save_delta needs the last checkpoint of this store committed "
+                "there (call save(directory) first)"
+            )
+            raise CheckpointError(msg)
+        dirs = self._new_dirs()
+        self._chain_dir = None
+        self._usable()
+        futures = [
+            (k, self._backend.submit(k, "save_delta", os.path.join(directory, d)))
+            for k, d in enumerate(dirs)
+        ]
+        self._results(futures, "no")
+        deltas = [list(save) for save in body["deltas"]] + [dirs]
+        caps = {n: s.capacity for n, s in self._specs.items()}
+        _reshard.write_manifest(directory, body["shards"], caps, self._step, deltas)
+        self._last_checkpoint_step = self._step
+        self._chain_dir = directory
+
+    def _new_dirs(self) -> list[str]:
+        save_id = uuid.uuid4().hex
+        return [
+            _reshard.shard_dir_name(k, self._num_shards, save_id) for k in range(self._num_shards)
+        ]
 
     @classmethod
     def load(
@@ -458,6 +497,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._forwards.clear()
         self._lost = None
         self._last_checkpoint_step = source.step
+        self._chain_dir = source.directory if source.num_shards == self._num_shards else None
         if source.step is not None:
             self._step = source.step
 
