@@ -186,6 +186,20 @@ def test_wait_false_returns_a_handle_and_later_lookups_see_the_update() -> None:
             np.testing.assert_array_equal(got[n], want[n])
 
 
+def test_error_of_an_unwaited_apply_surfaces_at_the_next_call() -> None:
+    rng = np.random.default_rng(7)
+    with ShardedTableGroup(specs(), num_shards=2) as store:
+        feats = batch(rng, weighted=False)
+        store.lookup_sum(feats)
+        for server in store._backend.servers:
+            server._pending.clear()
+        handle = store.apply_gradients(grads_of(rng, feats, {"user": 5, "item": 3}), wait=False)
+        assert handle is not None
+        with pytest.raises(StaleStepError):
+            store.lookup_sum(feats)
+        store.lookup_sum(feats)  # raised once; the store goes on
+
+
 BAD_LOOKUPS: list[tuple[dict[str, Any], dict[str, Any]]] = [
     ({"nope": (np.zeros(1, np.uint64), np.array([0, 1]))}, {}),
     ({"user": (np.zeros(2, np.uint64),)}, {}),

@@ -23,8 +23,8 @@ class ShardLostError(RuntimeError):
         self.cause = cause
         why = f": {type(cause).__name__}" if cause is not None else ""
         super().__init__(
-            f"shard {shard} was lost (call applied: {applied}){why}; the store refuses calls "
-            "until restore(checkpoint_dir) rolls every shard back to one checkpoint"
+            f"shard {shard} was lost (call applied: {applied}){why}; with restore='fail' the "
+            "store refuses calls until restore(dir) rolls every shard back to one checkpoint"
         )
 
     def __reduce__(self) -> tuple[type[ShardLostError], tuple[int, str, None]]:

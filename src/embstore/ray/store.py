@@ -58,7 +58,9 @@ class _Forward:
 
 class ApplyHandle:
     """An apply submitted with ``wait=False``; :meth:`wait` returns once every shard applied
-    it (and raises what the apply raised). Later calls on the store see the update anyway."""
+    it (and raises what the apply raised). Later calls on the store see the update anyway;
+    the next call on the store waits for it if :meth:`wait` was not called, and raises its
+    error then."""
 
     def __init__(self, store: ShardedTableGroup, futures: list[tuple[int, Any]]) -> None:
         self._store = store
@@ -143,6 +145,8 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._tokens = itertools.count(1)
         self._forwards: dict[str, _Forward] = {}
         self._lost: ShardLostError | None = None
+        self._fail_stop = restore == "fail"  # a lost shard stops the store until restore()
+        self._unwaited: list[ApplyHandle] = []
         self._step = 0 if _source is None or _source.step is None else _source.step
         self._last_checkpoint_step: int | None = None if _source is None else _source.step
         self._closed = False
@@ -209,11 +213,16 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
             raise _arrays.unknown_table(name, self._names) from None
 
     def _usable(self) -> None:
+        """Raises if the store is closed or lost a shard; first waits for applies sent with
+        ``wait=False`` (a shard runs them before any later call anyway), so their errors
+        surface here at the latest."""
         if self._closed:
             msg = "operation on a closed ShardedTableGroup"
             raise ValueError(msg)
         if self._lost is not None:
             raise ShardLostError(self._lost.shard, "no", self._lost)
+        while self._unwaited:
+            self._unwaited.pop().wait()
 
     def _results(self, futures: list[tuple[int, Any]], applied: str) -> list[Any]:
         """Every shard's answer, in shard order; a lost shard marks the store lost."""
@@ -223,7 +232,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
             try:
                 out.append(self._backend.result(shard, future, applied))
             except ShardLostError as e:
-                if self._lost is None:
+                if self._lost is None and self._fail_stop:
                     self._lost = e
                 error = error or e
             except BaseException as e:  # noqa: BLE001  (the first one is raised below)
@@ -356,6 +365,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
             futures.append((shard, self._backend.submit(shard, "apply", token, full, routed)))
         handle = ApplyHandle(self, futures)
         if not wait:
+            self._unwaited.append(handle)
             return handle
         handle.wait()
         return None
@@ -495,6 +505,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         source = _reshard.open_source(directory)
         self._backend.restart(self._specs, source)
         self._forwards.clear()
+        self._unwaited.clear()
         self._lost = None
         self._last_checkpoint_step = source.step
         self._chain_dir = source.directory if source.num_shards == self._num_shards else None
