@@ -163,3 +163,25 @@ def test_named_store_is_detached_and_attachable(cluster: None) -> None:
         store.close()
     with pytest.raises(ValueError):
         ray.get_actor("ray-test-store.shard0", namespace="embstore")
+
+
+def test_restartable_store_survives_a_lost_apply(cluster: None, tmp_path: Any) -> None:
+    rng = np.random.default_rng(16)
+    sp = specs("sgd")
+    with ShardedTableGroup(
+        sp, num_shards=2, backend="ray", restore="checkpoint", checkpoint_dir=str(tmp_path)
+    ) as store:
+        group = in_process(sp)
+        train(store, group, rng, 1, "sum", weighted=False)
+        store.save(tmp_path)
+        feats = batch(rng, weighted=False)
+        store.lookup_sum(feats)
+        ray.kill(store._backend.actors[1], no_restart=False)
+        # At most once: lost in flight (applied unknown) or refused by the restarted shard.
+        with pytest.raises((ShardLostError, StaleStepError)) as info:
+            store.apply_gradients(grads_of(rng, feats, DIMS))
+        if isinstance(info.value, ShardLostError):
+            assert info.value.shard == 1 and info.value.applied == "unknown"
+        out = store.lookup_sum(feats)  # not stopped: lookups go on (retried if needed)
+        assert out["item"].shape == (feats["item"][1].shape[0] - 1, 3)
+        assert _wait_restarted(store, 1, 1)["last_checkpoint"] == 1
