@@ -185,3 +185,24 @@ def test_restartable_store_survives_a_lost_apply(cluster: None, tmp_path: Any) -
         out = store.lookup_sum(feats)  # not stopped: lookups go on (retried if needed)
         assert out["item"].shape == (feats["item"][1].shape[0] - 1, 3)
         assert _wait_restarted(store, 1, 1)["last_checkpoint"] == 1
+
+
+def test_each_actor_writes_its_own_perf_report(
+    cluster: None, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "perf.log")
+    monkeypatch.setenv("EMBSTORE_PERF_REPORT_PATH", path)
+    monkeypatch.setenv("EMBSTORE_PERF_INTERVAL_MS", "100")
+    rng = np.random.default_rng(17)
+    with ShardedTableGroup(specs("sgd"), num_shards=2, backend="ray") as store:
+        store.lookup_sum(batch(rng, weighted=False))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done = [os.path.exists(f"{path}.shard-{k}") for k in range(2)]
+            if all(done):
+                break
+            time.sleep(0.2)
+        for k in range(2):
+            with open(f"{path}.shard-{k}") as f:
+                assert "name=group.lookup_sum" in f.read()
+    assert not os.path.exists(path)

@@ -333,3 +333,21 @@ def test_stats_sum_counters_and_time_the_client_layers() -> None:
             "shard.apply",
         ):
             assert st["client"][layer]["count"] > 0, layer
+
+
+def test_prometheus_text_labels_every_shard() -> None:
+    parser = pytest.importorskip("prometheus_client.parser", reason="prometheus_client absent")
+    rng = np.random.default_rng(8)
+    sp = specs("sgd")
+    with ShardedTableGroup(sp, num_shards=3) as store:
+        train(store, in_process(sp), rng, 2, "sum", weighted=False)
+        text = store.prometheus_text()
+        sizes = {}
+        for family in parser.text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "embstore_size":
+                    sizes[(sample.labels["shard"], sample.labels["table"])] = sample.value
+        per_shard = store.stats()["shards"]
+        assert sizes == {
+            (str(k), n): float(s[n]["size"]) for k, s in enumerate(per_shard) for n in s
+        }

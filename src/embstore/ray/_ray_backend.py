@@ -9,6 +9,7 @@ its part of the last committed checkpoint; the client retries lookups on it.
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import ray
 import ray.exceptions
 
+from embstore import metrics
 from embstore.errors import ShardLostError
 from embstore.ray import _reshard
 from embstore.ray.shard import ShardServer
@@ -43,12 +45,26 @@ class ShardActor:
         if restarted and ckpt and os.path.exists(os.path.join(ckpt, _reshard.MANIFEST)):
             source = _reshard.open_source(ckpt)
         self.server = ShardServer.create(meta["specs"], shard, meta["num_shards"], source)
+        _report_per_shard(shard)
 
     def call(self, method: str, *args: Any) -> tuple[str, Any]:
         return self.server.incarnation, getattr(self.server, method)(*args)
 
     def get_meta(self) -> dict[str, Any]:
         return self.meta
+
+
+def _report_per_shard(shard: int) -> None:
+    """With EMBSTORE_PERF_REPORT_PATH set, this actor's periodic report goes to
+    ``<path>.shard-<k>`` (one file per shard) instead of the shared path."""
+    path = os.environ.get("EMBSTORE_PERF_REPORT_PATH")
+    if not path:
+        return
+    if metrics._reporter is not None:
+        metrics._reporter.stop()
+    interval = float(os.environ.get("EMBSTORE_PERF_INTERVAL_MS", "5000"))
+    metrics._reporter = metrics.PerfReporter(f"{path}.shard-{shard}", interval).start()
+    atexit.register(metrics._reporter.stop)
 
 
 class _Call:
@@ -61,6 +77,15 @@ class _Call:
 
 
 _LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+
+
+def _pass_report_env(opts: dict[str, Any]) -> None:
+    """Gives the actors this process's EMBSTORE_PERF_* settings (through runtime_env)."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("EMBSTORE_PERF_")}
+    if env:
+        runtime_env = dict(opts.get("runtime_env") or {})
+        runtime_env["env_vars"] = {**env, **runtime_env.get("env_vars", {})}
+        opts["runtime_env"] = runtime_env
 
 
 class RayBackend:
@@ -106,6 +131,7 @@ class RayBackend:
                     name=f"{self.meta['name']}.shard{k}", namespace=NAMESPACE, lifetime="detached"
                 )
             opts.update(self._options)
+            _pass_report_env(opts)
             actors.append(cls.options(**opts).remote(self.meta, k, source))
         return actors
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays
+from embstore import _arrays, metrics
 from embstore.checkpoint import CheckpointError
 from embstore.errors import ShardLostError
 from embstore.group import TableGroup
@@ -418,6 +418,17 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         ``client.rpc.apply``, ``client.reduce``, and the shards' own ``shard.lookup_sum``
         and ``shard.apply`` times); ``shards``: each shard's ``Table.stats()`` per table."""
         return _stats.merge(self._broadcast("stats"), self._layers)
+
+    def prometheus_text(self) -> str:
+        """Every shard's tables in the Prometheus text format (as
+        :func:`embstore.metrics.prometheus_text`), each sample labelled ``shard`` and
+        ``table``."""
+        entries = [
+            (f'shard="{k}",table="{metrics._label(name)}"', st)
+            for k, shard_stats in enumerate(self._broadcast("stats"))
+            for name, st in shard_stats["tables"].items()
+        ]
+        return metrics.format_prometheus(entries)
 
     def health(self) -> list[dict[str, Any]]:
         """Per shard: ``{alive, restarts, last_checkpoint, lost_steps, rows}`` (and ``pid``)."""
