@@ -156,6 +156,22 @@ def test_apply_of_other_keys_is_routed_afresh() -> None:
         assert_same_rows(store, group)
 
 
+def test_tables_of_one_forward_applied_in_separate_calls() -> None:
+    rng = np.random.default_rng(10)
+    sp = specs("adagrad")
+    with ShardedTableGroup(sp, num_shards=3) as store:
+        group = in_process(sp)
+        feats = batch(rng, weighted=True)
+        store.lookup_sum(feats, mode="mean")
+        group.lookup_sum(feats, mode="mean")
+        g = grads_of(rng, feats, {"user": 5, "item": 3})
+        for name in ("user", "item", "user"):  # item by its token; user again: routed
+            store.apply_gradients({name: g[name]}, mode="mean")
+            group.apply_gradients({name: g[name]}, mode="mean")
+        assert not any(s._pending for s in store._backend.servers)
+        assert_same_rows(store, group)
+
+
 def test_apply_whose_forward_the_shard_dropped_raises_stale_step() -> None:
     rng = np.random.default_rng(3)
     with ShardedTableGroup(specs(), num_shards=2) as store:

@@ -96,7 +96,7 @@ class ShardServer:
         forward ``token`` (tables in ``routed`` bring their own routed keys instead).
         Returns the time taken (ns)."""
         start = time.perf_counter_ns()
-        forward = self._pending.pop(token, None) if token is not None else None
+        forward = self._pending.get(token) if token is not None else None
         entries: dict[str, tuple[Any, ...]] = {}
         for name, g in grads.items():
             part = routed.get(name)
@@ -115,6 +115,12 @@ class ShardServer:
             entries[name] = (
                 (keys, offsets, bag_grads) if factor is None else (keys, offsets, bag_grads, factor)
             )
+        if forward is not None and token is not None:  # each table's keys apply once
+            rest = {n: v for n, v in forward.items() if n not in grads or n in routed}
+            if rest:
+                self._pending[token] = rest
+            else:
+                del self._pending[token]
         if entries:
             self.group.apply_gradients(entries, mode="sum")
         return time.perf_counter_ns() - start
