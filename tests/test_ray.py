@@ -148,7 +148,7 @@ def test_restore_checkpoint_restarts_the_shard_from_its_checkpoint(
         assert out["user"].shape == (feats["user"][1].shape[0] - 1, 5)
 
 
-def test_named_store_is_detached_and_attachable(cluster: None) -> None:
+def test_named_store_is_detached_and_attachable(cluster: None, tmp_path: Any) -> None:
     rng = np.random.default_rng(15)
     store = ShardedTableGroup(specs("sgd"), num_shards=2, backend="ray", name="ray-test-store")
     try:
@@ -159,6 +159,11 @@ def test_named_store_is_detached_and_attachable(cluster: None) -> None:
         again = other.lookup_sum(feats, insert=False, exact=True)
         for n in feats:
             np.testing.assert_array_equal(first[n], again[n])
+        store.save(tmp_path)
+        store.restore(tmp_path)  # new actors under the same names
+        restored = store.lookup_sum(feats, insert=False, exact=True)
+        for n in feats:
+            np.testing.assert_array_equal(first[n], restored[n])
     finally:
         store.close()
     with pytest.raises(ValueError):

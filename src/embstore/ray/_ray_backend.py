@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,6 +66,19 @@ def _report_per_shard(shard: int) -> None:
     interval = float(os.environ.get("EMBSTORE_PERF_INTERVAL_MS", "5000"))
     metrics._reporter = metrics.PerfReporter(f"{path}.shard-{shard}", interval).start()
     atexit.register(metrics._reporter.stop)
+
+
+def _wait_name_free(name: str, timeout_s: float = 60.0) -> None:
+    """Waits until no live actor holds ``name`` (ray.kill releases it asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.05)
+    msg = f"actor name {name!r} still taken {timeout_s:.0f} s after its actor was killed"
+    raise RuntimeError(msg)
 
 
 class _Call:
@@ -214,6 +228,9 @@ class RayBackend:
     def restart(self, specs: Mapping[str, TableSpec], source: _reshard.Source) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
+        if self.meta["name"] is not None:  # new actors take the names once they are free
+            for k in range(len(self.actors)):
+                _wait_name_free(f"{self.meta['name']}.shard{k}")
         self.incarnations = [None] * len(self.actors)
         self.dead = [False] * len(self.actors)
         self.actors = self._spawn(source)
