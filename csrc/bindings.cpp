@@ -25,6 +25,9 @@
 #include "embstore/thread_pool.hpp"  // ThreadPool
 
 namespace py = pybind11;
+
+void bind_route(py::module_& m);        // python/route_bindings.cpp
+void bind_metrics_raw(py::module_& m);  // python/metrics_raw_bindings.cpp
 using embstore::PoolMode;
 using embstore::Snapshot;
 using embstore::Table;
@@ -629,4 +632,6 @@ PYBIND11_MODULE(_core, m) {
       py::arg("values_ns"));
   void bind_timers(py::module_&);  // csrc/python/metrics_bindings.cpp
   bind_timers(m);
+  bind_route(m);
+  bind_metrics_raw(m);
 }

@@ -49,6 +49,12 @@ def _group(seed: int = 0, optimizer: Any = None) -> embstore.TableGroup:
     )
 
 
+def _close(group: embstore.TableGroup) -> None:
+    """Close every table now, so later tests' process-wide metrics do not see them."""
+    for table in group.values():
+        table.close()
+
+
 @pytest.fixture
 def served() -> Iterator[tuple[embstore.TableGroup, ps.Client]]:
     group = _group()
@@ -57,6 +63,7 @@ def served() -> Iterator[tuple[embstore.TableGroup, ps.Client]]:
     yield group, client
     client.close()
     server.stop()
+    _close(group)
 
 
 def _batch(rng: np.random.Generator, bags: int, universe: int) -> tuple[np.ndarray, np.ndarray]:
@@ -525,11 +532,14 @@ def test_cpp_server_rows_match_direct_calls_bit_for_bit(cpp_server: str) -> None
 @pytest.fixture(scope="module")
 def twin() -> Iterator[tuple[ps.Client, embstore.TableGroup]]:
     """A served group and an identical in-process one, fed the same calls."""
-    server = ps.serve(_group(seed=5))
+    served, direct = _group(seed=5), _group(seed=5)
+    server = ps.serve(served)
     client = ps.Client(f"127.0.0.1:{server.port}", timeout=60)
-    yield client, _group(seed=5)
+    yield client, direct
     client.close()
     server.stop()
+    _close(served)
+    _close(direct)
 
 
 _ids = st.sampled_from([0, 1, 2, 3, 2**63, 2**64 - 1]) | st.integers(0, 2**64 - 1)

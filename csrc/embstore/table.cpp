@@ -21,6 +21,7 @@
 #include "embstore/optimizer.hpp"    // state_width, init_state, apply_update
 #include "embstore/simd.hpp"         // simd_level, EMBSTORE_KERNEL_TARGET_AVX2
 #include "embstore/thread_pool.hpp"  // ThreadPool
+#include "embstore/validate.hpp"     // validate_offsets, validate_finite
 
 namespace embstore {
 namespace {
@@ -155,6 +156,8 @@ std::vector<Workspace*> caller_workspaces(size_t count) {
   return out;
 }
 
+}  // namespace
+
 // Checks CSR offsets; returns the longest bag. Throws std::invalid_argument.
 size_t validate_offsets(const int64_t* offsets, size_t num_bags, size_t n,
                         const std::string& label) {
@@ -178,6 +181,8 @@ size_t validate_offsets(const int64_t* offsets, size_t num_bags, size_t n,
   }
   return longest;
 }
+
+namespace {
 
 // Whether every float is finite: an exponent of all ones is Inf or NaN. Integer bit tests,
 // reduced without an early exit, so the loop vectorises (the per-element isfinite loop with a
@@ -206,6 +211,8 @@ bool all_finite(const float* x, size_t count) noexcept {
   return all_finite_kernel(x, count);
 }
 
+}  // namespace
+
 void validate_finite(const float* x, size_t count, const char* name, const std::string& label) {
   if (all_finite(x, count)) return;
   for (size_t k = 0; k < count; ++k) {
@@ -215,6 +222,8 @@ void validate_finite(const float* x, size_t count, const char* name, const std::
     }
   }
 }
+
+namespace {
 
 // Locality hint of a prefetch into L2 only (prefetcht2), for a loop that would otherwise
 // stall on its own prefetches (apply_shard's update pass); 3 (the default) is into L1.

@@ -17,6 +17,7 @@ from embstore._core import CapacityError
 from embstore._version import __version__
 from embstore.admission import CountFilter
 from embstore.checkpoint import CheckpointError
+from embstore.errors import ShardLostError, StaleStepError
 from embstore.group import TableGroup
 from embstore.initializers import Normal, TruncatedNormal, Uniform, Zeros
 from embstore.optimizers import FTRL, SGD, Adagrad, Adam, RowWiseAdagrad
@@ -33,6 +34,8 @@ __all__ = [
     "CountFilter",
     "Normal",
     "RowWiseAdagrad",
+    "ShardLostError",
+    "StaleStepError",
     "Table",
     "TableGroup",
     "TableSpec",

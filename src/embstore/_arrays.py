@@ -9,7 +9,7 @@ C++ core, also before anything changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -192,6 +192,22 @@ def named_entry(
         return convert(entry, dim)
     except (TypeError, ValueError) as e:
         raise type(e)(f"table {name!r}: {what}[{name!r}]: {e}") from None
+
+
+def entry_names(given: Any, what: str) -> list[str]:
+    """The table names of a group-shaped argument ``what`` (``features`` or ``grads``), or
+    TypeError naming it when it is not a mapping."""
+    if not isinstance(given, Mapping):
+        msg = (
+            f"{what} must be a mapping of table name -> tuple of arrays, got {type(given).__name__}"
+        )
+        raise TypeError(msg)
+    return list(given)
+
+
+def unknown_table(name: str, names: list[str]) -> KeyError:
+    """The error for a table name a group does not have."""
+    return KeyError(f"unknown table {name!r}; the group has {names}")
 
 
 def mode_code(mode: str) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _core, _padding
+from embstore import _arrays, _core, _padding, _sharded
 from embstore._arrays import (
     INT64_DTYPE,
     KEY_DTYPES,
@@ -91,8 +91,7 @@ class TableGroup(Mapping[str, Table]):
         try:
             return self._tables[name]
         except KeyError:
-            msg = f"unknown table {name!r}; the group has {self.names}"
-            raise KeyError(msg) from None
+            raise _arrays.unknown_table(name, self.names) from None
 
     def _deliver_evicted(self, names: list[str]) -> None:
         for name in names:  # each table's on_evict, after the whole call (no locks held)
@@ -116,6 +115,13 @@ class TableGroup(Mapping[str, Table]):
         loaded = _load.load_group(directory, num_threads)
         return cls({name: Table._from_internals(t) for name, t in loaded.items()})
 
+    @classmethod
+    def load_sharded(cls, directory: str | os.PathLike[str]) -> TableGroup:
+        """Every shard of a :class:`embstore.ray.ShardedTableGroup` checkpoint merged into
+        one in-process group (each table at its total capacity). Needs no Ray."""
+        source = _sharded.open_source(directory)
+        return cls(_sharded.load_shard(source, _sharded.specs_of(source), 0, 1))
+
     def set_step(self, step: int) -> None:
         """``Table.set_step(step)`` on every table of the group."""
         for table in self._tables.values():
@@ -125,15 +131,6 @@ class TableGroup(Mapping[str, Table]):
         """``Table.stats()`` of every table, by name (a group call's latency is recorded into
         each table it touches)."""
         return {name: table.stats() for name, table in self._tables.items()}
-
-    def _checked(self, given: Any, what: str) -> list[str]:
-        if not isinstance(given, Mapping):
-            msg = (
-                f"{what} must be a mapping of table name -> tuple of arrays, "
-                f"got {type(given).__name__}"
-            )
-            raise TypeError(msg)
-        return list(given)
 
     def _converted(
         self, name: str, entry: Any, what: str, convert: Callable[[Any, int], tuple[Any, ...]]
@@ -155,7 +152,7 @@ class TableGroup(Mapping[str, Table]):
         An entry already in them goes as it is: the check is spelled out inline because it
         runs for every table of every call. Any other entry is converted; every check runs
         before the core is called, so a bad entry changes nothing."""
-        names = self._checked(features, "features")
+        names = _arrays.entry_names(features, "features")
         impls: list[_core.Table] = []
         batches: list[tuple[Any, ...]] = []
         states = self._states
@@ -189,7 +186,7 @@ class TableGroup(Mapping[str, Table]):
         self, grads: Any
     ) -> tuple[list[str], list[_core.Table], list[tuple[Any, ...]]]:
         """As :meth:`lookup_entries`, for ``grads`` entries."""
-        names = self._checked(grads, "grads")
+        names = _arrays.entry_names(grads, "grads")
         impls: list[_core.Table] = []
         batches: list[tuple[Any, ...]] = []
         states = self._states

@@ -224,26 +224,29 @@ def prometheus_text() -> str:
     """Counters and latency summaries of every open table in the Prometheus text format
     (version 0.0.4), labelled by ``table`` (and ``name`` for latencies)."""
     tables = [(t.name, s) for t in _open_tables() if (s := _stats(t)) is not None]
+    return format_prometheus([(f'table="{_label(name)}"', st) for name, st in tables])
+
+
+def format_prometheus(entries: list[tuple[str, dict[str, Any]]]) -> str:
+    """The Prometheus text of ``Table.stats()`` dicts, each with its label string (e.g.
+    ``shard="0",table="user"``: a sharded store labels every shard's tables)."""
     out: list[str] = []
     # Text format 0.0.4: TYPE names the sample name itself (counters end in _total).
     for key, kind, help_text in _COUNTERS:
         metric = f"embstore_{key}_total" if kind == "counter" else f"embstore_{key}"
         out.append(f"# HELP {metric} {help_text}")
         out.append(f"# TYPE {metric} {kind}")
-        for name, st in tables:
-            out.append(f'{metric}{{table="{_label(name)}"}} {st[key]}')
+        for labels, st in entries:
+            out.append(f"{metric}{{{labels}}} {st[key]}")
     out.append("# HELP embstore_lock_wait_seconds_total time spent waiting for shard locks")
     out.append("# TYPE embstore_lock_wait_seconds_total counter")
-    for name, st in tables:
-        out.append(
-            f'embstore_lock_wait_seconds_total{{table="{_label(name)}"}} '
-            f"{st['lock_wait_us'] / 1e6:.9f}"
-        )
+    for labels, st in entries:
+        out.append(f"embstore_lock_wait_seconds_total{{{labels}}} {st['lock_wait_us'] / 1e6:.9f}")
     out.append("# HELP embstore_latency_seconds latency of operations and batch stages")
     out.append("# TYPE embstore_latency_seconds summary")
-    for name, st in tables:
+    for table_labels, st in entries:
         for op, h in sorted(st["latency"].items()):
-            labels = f'table="{_label(name)}",name="{_label(op)}"'
+            labels = f'{table_labels},name="{_label(op)}"'
             for q, k in (("0.5", "p50_us"), ("0.95", "p95_us"), ("0.99", "p99_us")):
                 out.append(f'embstore_latency_seconds{{{labels},quantile="{q}"}} {h[k] / 1e6:.9f}')
             out.append(f"embstore_latency_seconds_count{{{labels}}} {h['count']}")

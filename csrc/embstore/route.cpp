@@ -1,0 +1,85 @@
+#include "embstore/route.hpp"
+
+#include "embstore/validate.hpp"  // validate_offsets, validate_finite
+
+namespace embstore {
+
+void validate_route_requests(const std::vector<RouteRequest>& requests) {
+  for (const RouteRequest& r : requests) {
+    validate_offsets(r.offsets, r.num_bags, r.n, r.label);
+    if (r.grads != nullptr) validate_finite(r.grads, r.num_bags * r.dim, "grads", r.label);
+    if (r.weights != nullptr) validate_finite(r.weights, r.n, "weights", r.label);
+  }
+}
+
+RouteCounts count_routes(const RouteRequest& r, uint32_t num_routes, uint64_t salt,
+                         uint32_t* route) {
+  const size_t R = num_routes;
+  std::vector<int64_t> key_count(R, 0), bag_count(R, 0), last_bag(R, -1);
+  for (size_t b = 0; b < r.num_bags; ++b) {
+    const int64_t bag = static_cast<int64_t>(b);
+    for (int64_t i = r.offsets[b]; i < r.offsets[b + 1]; ++i) {
+      const uint32_t s = route_of(r.keys[i], salt, num_routes);
+      route[i] = s;
+      ++key_count[s];
+      if (last_bag[s] != bag) {
+        last_bag[s] = bag;
+        ++bag_count[s];
+      }
+    }
+  }
+  RouteCounts c;
+  c.key_start.assign(R + 1, 0);
+  c.bag_start.assign(R + 1, 0);
+  for (size_t s = 0; s < R; ++s) {
+    c.key_start[s + 1] = c.key_start[s] + key_count[s];
+    c.bag_start[s + 1] = c.bag_start[s] + bag_count[s];
+  }
+  return c;
+}
+
+void fill_routes(const RouteRequest& r, const uint32_t* route, const RouteCounts& c,
+                 const RouteOutput& out) {
+  const size_t R = c.key_start.size() - 1;
+  std::vector<int64_t> key_at(c.key_start.begin(), c.key_start.end() - 1);
+  std::vector<int64_t> bag_at(c.bag_start.begin(), c.bag_start.end() - 1);
+  std::vector<int64_t> last_bag(R, -1);
+  for (size_t b = 0; b < r.num_bags; ++b) {
+    const int64_t bag = static_cast<int64_t>(b);
+    const float size = static_cast<float>(r.offsets[b + 1] - r.offsets[b]);
+    for (int64_t i = r.offsets[b]; i < r.offsets[b + 1]; ++i) {
+      const uint32_t s = route[i];
+      if (last_bag[s] != bag) {  // the first id of this bag on route s opens its sub-bag
+        last_bag[s] = bag;
+        const size_t at = static_cast<size_t>(bag_at[s]++);
+        out.bags[at] = bag;
+        out.offsets[at + s] = key_at[s] - c.key_start[s];
+      }
+      const size_t k = static_cast<size_t>(key_at[s]++);
+      out.order[k] = i;
+      out.keys[k] = r.keys[i];
+      const float w = r.weights != nullptr ? r.weights[i] : 1.0f;
+      if (out.weights != nullptr) out.weights[k] = w;
+      if (out.coef != nullptr) out.coef[k] = w / size;
+    }
+  }
+  for (size_t s = 0; s < R; ++s) {
+    out.offsets[static_cast<size_t>(c.bag_start[s + 1]) + s] = c.key_start[s + 1] - c.key_start[s];
+  }
+}
+
+void add_rows(float* out, size_t dim, const int64_t* bags, size_t count,
+              const float* rows) noexcept {
+  for (size_t j = 0; j < count; ++j) {
+    float* __restrict dst = out + static_cast<size_t>(bags[j]) * dim;
+    const float* __restrict src = rows + j * dim;
+    for (size_t k = 0; k < dim; ++k) dst[k] = dst[k] + src[k];
+  }
+}
+
+void route_ids(const uint64_t* keys, size_t n, uint64_t salt, uint32_t num_routes,
+               uint32_t* out) noexcept {
+  for (size_t i = 0; i < n; ++i) out[i] = route_of(keys[i], salt, num_routes);
+}
+
+}  // namespace embstore

@@ -1,0 +1,86 @@
+// File: embstore/route.hpp
+//
+// Routing of ids to N stores (processes or machines) that each hold a slice of every table,
+// and the split of a pooled batch by route in one pass. The route is a salted multiply-shift
+// of splitmix64: salting first makes it independent of mix64's bits, which a Table already
+// uses for its own shards (high bits) and index slots (low bits); reusing either would leave
+// each store filling 1/N of its internal shards or clustering its probes.
+#pragma once
+
+#include <cstddef>  // size_t
+#include <cstdint>  // uint64_t, uint32_t, int64_t
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+#include "embstore/hash.hpp"  // splitmix64
+
+namespace embstore {
+
+// The salt of the documented route (recorded in sharded checkpoints with its name).
+constexpr uint64_t kRouteSalt = 0xA0761D6478BD642FULL;
+
+// The route of `id` in [0, num_routes): the high word of splitmix64(id ^ salt) * num_routes,
+// from 32-bit halves (no 128-bit type; exact, and no overflow since num_routes < 2^32).
+inline uint32_t route_of(uint64_t id, uint64_t salt, uint32_t num_routes) noexcept {
+  const uint64_t h = splitmix64(id ^ salt);
+  const uint64_t low = ((h & 0xFFFFFFFFULL) * num_routes) >> 32;
+  return static_cast<uint32_t>(((h >> 32) * num_routes + low) >> 32);
+}
+
+// One table's part of a batch, as a lookup or apply takes it.
+struct RouteRequest {
+  const uint64_t* keys = nullptr;
+  size_t n = 0;
+  const int64_t* offsets = nullptr;  // [num_bags + 1]
+  size_t num_bags = 0;
+  const float* weights = nullptr;  // [n] or nullptr
+  const float* grads = nullptr;    // [num_bags, dim] or nullptr (only validated)
+  size_t dim = 0;
+  std::string label;  // the table's name, for errors
+};
+
+// Runs the checks a batch call runs (offsets, then grads, then weights finite), request by
+// request; throws the first error, exactly as the batch call would.
+void validate_route_requests(const std::vector<RouteRequest>& requests);
+
+// A request split by route, in two passes so the caller can allocate the outputs between
+// them (count_routes, then fill_routes). Route r holds the ids at positions
+// order[key_start[r]:key_start[r+1]] of the request (in request order) and the bags with at
+// least one of them, bags[bag_start[r]:bag_start[r+1]] (increasing), as its own CSR batch:
+// its keys (and weights, coef) are the same slices of `keys` (`weights`, `coef`), and its
+// offsets, relative to its first key, are offsets[bag_start[r] + r : bag_start[r+1] + r + 1].
+struct RouteCounts {
+  std::vector<int64_t> key_start;  // [num_routes + 1]
+  std::vector<int64_t> bag_start;  // [num_routes + 1]
+  size_t num_keys() const { return static_cast<size_t>(key_start.back()); }
+  size_t num_bags() const { return static_cast<size_t>(bag_start.back()); }
+  size_t num_offsets() const { return num_bags() + key_start.size() - 1; }
+};
+
+struct RouteOutput {
+  int64_t* order;    // [num_keys]
+  uint64_t* keys;    // [num_keys]
+  float* weights;    // [num_keys] or nullptr (needs request weights)
+  float* coef;       // [num_keys] or nullptr: an apply's factor per id in mean mode,
+                     // (weight or 1) / bag size, the apply kernel's float32 division
+  int64_t* bags;     // [num_bags]
+  int64_t* offsets;  // [num_offsets]
+};
+
+// Pass 1 over a valid request: each id's route into route[0, n), and the counts per route.
+RouteCounts count_routes(const RouteRequest& request, uint32_t num_routes, uint64_t salt,
+                         uint32_t* route);
+// Pass 2: scatters the request into `out` by the routes of pass 1.
+void fill_routes(const RouteRequest& request, const uint32_t* route, const RouteCounts& counts,
+                 const RouteOutput& out);
+
+// out[bags[j]] += rows[j] for j in [0, count) (rows of `dim` floats): adds one route's
+// partial pooled sums into the whole batch's. Bags must be < the rows of `out`.
+void add_rows(float* out, size_t dim, const int64_t* bags, size_t count,
+              const float* rows) noexcept;
+
+// out[i] = route_of(keys[i], salt, num_routes).
+void route_ids(const uint64_t* keys, size_t n, uint64_t salt, uint32_t num_routes,
+               uint32_t* out) noexcept;
+
+}  // namespace embstore

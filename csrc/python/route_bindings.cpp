@@ -1,0 +1,196 @@
+// File: python/route_bindings.cpp
+//
+// Binding of the id routing (embstore/route.hpp) for embstore.ray: the arrays are checked
+// and their pointers taken with the GIL held; then, with the GIL released, every table of a
+// batch is validated and its ids routed (pass 1), the outputs are allocated from the output
+// pool (GIL held), and the batch is scattered into them (pass 2, GIL released).
+#include <pybind11/numpy.h>     // py::array, py::array_t
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>       // std::vector, std::string conversions
+
+#include <algorithm>  // std::copy, std::max
+#include <cstdint>    // uint64_t, int64_t
+#include <string>   // std::string
+#include <utility>  // std::move
+#include <vector>   // std::vector
+
+#include "embstore/buffer_pool.hpp"  // BufferPool
+#include "embstore/route.hpp"        // RouteRequest, count_routes, fill_routes
+
+namespace py = pybind11;
+
+namespace {
+
+// a's data, after checking dtype T, C-contiguity and shape (rows / cols of -1: any).
+template <typename T>
+const T* array_data(const py::handle& h, const char* name, py::ssize_t ndim, py::ssize_t rows,
+                    py::ssize_t cols) {
+  if (!py::array_t<T>::check_(h)) {
+    throw py::type_error(std::string(name) + ": expected a numpy array of dtype " +
+                         std::string(py::str(py::dtype::of<T>())));
+  }
+  const auto a = py::reinterpret_borrow<py::array>(h);
+  if (a.ndim() != ndim || !(a.flags() & py::array::c_style)) {
+    throw py::value_error(std::string(name) + ": expected a C-contiguous " +
+                          std::to_string(ndim) + "-D array");
+  }
+  if ((rows >= 0 && a.shape(0) != rows) || (ndim == 2 && cols >= 0 && a.shape(1) != cols)) {
+    throw py::value_error(std::string(name) + ": wrong shape");
+  }
+  return static_cast<const T*>(a.data());
+}
+
+// A new 1-D array of `n` T whose memory comes from the output pool and returns there when
+// the array is freed: a batch's split reuses mapped pages instead of faulting in fresh ones
+// (a W1 batch's split is ~3 MB).
+template <typename T>
+py::array_t<T> pooled_array(size_t n) {
+  void* data = embstore::BufferPool::global().acquire(std::max<size_t>(1, n) * sizeof(T));
+  py::capsule owner(data, [](void* p) { embstore::BufferPool::global().release(p); });
+  return py::array_t<T>(static_cast<py::ssize_t>(n), static_cast<T*>(data), owner);
+}
+
+py::array_t<int64_t> copy_of(const std::vector<int64_t>& v) {
+  py::array_t<int64_t> a(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), a.mutable_data());
+  return a;
+}
+
+// (keys uint64 [n], offsets int64 [bags + 1], weights float32 [n] | None,
+//  grads float32 [bags, dim] | None) as a RouteRequest; the tuple is kept alive by the caller.
+embstore::RouteRequest request_of(const py::handle& h, const std::string& label) {
+  const auto t = h.cast<py::tuple>();
+  if (t.size() != 4) throw py::value_error("route: each batch is (keys, offsets, weights, grads)");
+  embstore::RouteRequest r;
+  r.label = label;
+  r.keys = array_data<uint64_t>(t[0], "keys", 1, -1, -1);
+  r.n = static_cast<size_t>(py::reinterpret_borrow<py::array>(t[0]).shape(0));
+  r.offsets = array_data<int64_t>(t[1], "offsets", 1, -1, -1);
+  const py::ssize_t num_offsets = py::reinterpret_borrow<py::array>(t[1]).shape(0);
+  if (num_offsets < 1) throw py::value_error("offsets: must hold at least one element");
+  r.num_bags = static_cast<size_t>(num_offsets - 1);
+  const auto n = static_cast<py::ssize_t>(r.n);
+  if (!t[2].is_none()) r.weights = array_data<float>(t[2], "weights", 1, n, -1);
+  if (!t[3].is_none()) {
+    r.grads = array_data<float>(t[3], "grads", 2, num_offsets - 1, -1);
+    r.dim = static_cast<size_t>(py::reinterpret_borrow<py::array>(t[3]).shape(1));
+  }
+  return r;
+}
+
+std::vector<embstore::RouteRequest> requests_of(const py::list& batches,
+                                                const std::vector<std::string>& labels) {
+  if (batches.size() != labels.size()) {
+    throw py::value_error("route: batches and labels differ in length");
+  }
+  std::vector<embstore::RouteRequest> requests;
+  requests.reserve(batches.size());
+  for (size_t k = 0; k < batches.size(); ++k) requests.push_back(request_of(batches[k], labels[k]));
+  return requests;
+}
+
+}  // namespace
+
+void bind_route(py::module_& m) {
+  m.attr("ROUTE_SALT") = py::int_(embstore::kRouteSalt);
+
+  // Validates every batch as a group call would (the first error, in order), then splits each
+  // by route. Returns per batch (order, keys, weights | None, coef | None, key_start, bags,
+  // bag_start, offsets): see embstore::RoutePlan. The list holds the arrays alive meanwhile.
+  m.def(
+      "route_batches",
+      [](const py::list& batches, const std::vector<std::string>& labels, uint32_t num_routes,
+         uint64_t salt, bool mean, bool split) -> py::object {
+        if (num_routes == 0) throw py::value_error("num_routes must be positive");
+        const py::list held = batches;  // a reference: its tuples outlive the released GIL
+        const std::vector<embstore::RouteRequest> requests = requests_of(held, labels);
+        const size_t R = requests.size();
+        std::vector<size_t> first(R + 1, 0);  // each request's slice of the route scratch
+        for (size_t k = 0; k < R; ++k) first[k + 1] = first[k] + requests[k].n;
+        thread_local std::vector<uint32_t> route;  // reused: no page faults per batch
+        if (split && route.size() < first[R]) route.resize(first[R]);
+        std::vector<embstore::RouteCounts> counts;
+        {
+          py::gil_scoped_release release;
+          embstore::validate_route_requests(requests);
+          if (split) {
+            counts.reserve(R);
+            for (size_t k = 0; k < R; ++k) {
+              counts.push_back(
+                  embstore::count_routes(requests[k], num_routes, salt, route.data() + first[k]));
+            }
+          }
+        }
+        if (!split) return py::none();
+        py::list out;
+        std::vector<embstore::RouteOutput> outputs(R);
+        for (size_t k = 0; k < R; ++k) {
+          const embstore::RouteCounts& c = counts[k];
+          const bool weighted = !held[k].cast<py::tuple>()[2].is_none();
+          auto order = pooled_array<int64_t>(c.num_keys());
+          auto keys = pooled_array<uint64_t>(c.num_keys());
+          auto bags = pooled_array<int64_t>(c.num_bags());
+          auto offsets = pooled_array<int64_t>(c.num_offsets());
+          py::object weights = py::none(), coef = py::none();
+          embstore::RouteOutput& o = outputs[k];
+          o = {order.mutable_data(), keys.mutable_data(), nullptr, nullptr, bags.mutable_data(),
+               offsets.mutable_data()};
+          if (weighted) {
+            auto w = pooled_array<float>(c.num_keys());
+            o.weights = w.mutable_data();
+            weights = std::move(w);
+          }
+          if (mean) {
+            auto cf = pooled_array<float>(c.num_keys());
+            o.coef = cf.mutable_data();
+            coef = std::move(cf);
+          }
+          out.append(py::make_tuple(order, keys, weights, coef, copy_of(c.key_start), bags,
+                                    copy_of(c.bag_start), offsets));
+        }
+        {
+          py::gil_scoped_release release;
+          for (size_t k = 0; k < R; ++k) {
+            embstore::fill_routes(requests[k], route.data() + first[k], counts[k], outputs[k]);
+          }
+        }
+        return std::move(out);
+      },
+      py::arg("batches"), py::arg("labels"), py::arg("num_routes"), py::arg("salt"),
+      py::arg("mean"), py::arg("split") = true);
+
+  // out[bags[j]] += rows[j]: one route's partial pooled sums added into the batch's.
+  m.def(
+      "add_rows",
+      [](const py::array& out, const py::array& bags, const py::array& rows) {
+        const auto a = py::reinterpret_borrow<py::array>(out);
+        float* o = const_cast<float*>(array_data<float>(out, "out", 2, -1, -1));
+        if (!a.writeable()) throw py::value_error("out: array must be writeable");
+        const py::ssize_t num_bags = a.shape(0), dim = a.shape(1);
+        const int64_t* b = array_data<int64_t>(bags, "bags", 1, -1, -1);
+        const py::ssize_t count = bags.shape(0);
+        const float* r = array_data<float>(rows, "rows", 2, count, dim);
+        for (py::ssize_t j = 0; j < count; ++j) {
+          if (b[j] < 0 || b[j] >= num_bags) throw py::value_error("bags: index out of range");
+        }
+        py::gil_scoped_release release;
+        embstore::add_rows(o, static_cast<size_t>(dim), b, static_cast<size_t>(count), r);
+      },
+      py::arg("out"), py::arg("bags"), py::arg("rows"));
+
+  m.def(
+      "route_ids",
+      [](const py::array& keys, uint32_t num_routes, uint64_t salt) {
+        if (num_routes == 0) throw py::value_error("num_routes must be positive");
+        const uint64_t* k = array_data<uint64_t>(keys, "keys", 1, -1, -1);
+        const auto n = keys.shape(0);
+        py::array_t<uint32_t> out(n);
+        uint32_t* o = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          embstore::route_ids(k, static_cast<size_t>(n), salt, num_routes, o);
+        }
+        return out;
+      },
+      py::arg("keys"), py::arg("num_routes"), py::arg("salt"));
+}

@@ -1,0 +1,95 @@
+"""Client-side pieces of a sharded step: splitting a batch by shard, and adding the shards'
+answers back into one pooled result per table."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from embstore import _arrays, _core
+from embstore._sharded import SALT
+
+__all__ = ["Plan", "pool_in_order", "reduce_partials", "route"]
+
+F32 = npt.NDArray[np.float32]
+
+
+class Plan:
+    """One table's batch split by shard (see ``embstore::RoutePlan``)."""
+
+    __slots__ = ("bag_start", "bags", "coef", "key_start", "keys", "offsets", "order", "weights")
+
+    def __init__(self, arrays: tuple[Any, ...]) -> None:
+        (
+            self.order,
+            self.keys,
+            self.weights,
+            self.coef,
+            self.key_start,
+            self.bags,
+            self.bag_start,
+            self.offsets,
+        ) = arrays
+
+    def part(self, shard: int) -> tuple[Any, ...]:
+        """Shard ``shard``'s (keys, offsets, bags, weights, coef), all views."""
+        k0, k1 = int(self.key_start[shard]), int(self.key_start[shard + 1])
+        b0, b1 = int(self.bag_start[shard]), int(self.bag_start[shard + 1])
+        w = None if self.weights is None else self.weights[k0:k1]
+        c = None if self.coef is None else self.coef[k0:k1]
+        return (self.keys[k0:k1], self.offsets[b0 + shard : b1 + shard + 1], self.bags[b0:b1], w, c)
+
+
+def route(
+    names: Sequence[str],
+    batches: Sequence[tuple[Any, ...]],
+    num_shards: int,
+    *,
+    mean: bool,
+    split: bool = True,
+) -> list[Plan]:
+    """Validates ``batches`` ((keys, offsets, weights | None, grads | None) per table) as a
+    group call does, then (``split``) splits each by shard, in one GIL-released C++ pass."""
+    out = _core.route_batches(list(batches), list(names), num_shards, SALT, mean, split)
+    return [] if out is None else [Plan(a) for a in out]
+
+
+def reduce_partials(num_bags: int, dim: int, parts: Sequence[tuple[Any, F32]]) -> F32:
+    """The pooled sums of every bag: the shards' partial sums (bags, sums) added up, in
+    shard order (in C++: numpy's scatter-add took ~1.4 ms of a W1 L=8 step)."""
+    out = _arrays.new_rows(num_bags, dim)  # pooled memory: no page faults per step
+    out.fill(0.0)
+    for bags, sums in parts:
+        if bags.shape[0]:
+            _core.add_rows(out, bags, np.ascontiguousarray(sums, dtype=np.float32))
+    return out
+
+
+def divide_by_counts(out: F32, offsets: npt.NDArray[np.int64]) -> None:
+    """Mean pooling: each non-empty bag divided by its size (float32, as the core)."""
+    counts = np.diff(offsets)
+    nz = counts > 0
+    out[nz] /= counts[nz].astype(np.float32)[:, None]
+
+
+def pool_in_order(
+    rows: F32, offsets: npt.NDArray[np.int64], weights: F32 | None, mean: bool
+) -> F32:
+    """Pooled sums exactly as the core pools (``s = 0; s = s + w_i * row_i`` in order):
+    position by position, so each bag's additions happen in its ids' order."""
+    num_bags = offsets.shape[0] - 1
+    out = np.zeros((num_bags, rows.shape[1]), dtype=np.float32)
+    counts = np.diff(offsets)
+    longest = int(counts.max()) if num_bags else 0
+    starts = offsets[:-1]
+    for j in range(longest):
+        bags = np.nonzero(counts > j)[0]
+        idx = starts[bags] + j
+        term = rows[idx] if weights is None else weights[idx][:, None] * rows[idx]
+        out[bags] += term
+    if mean:
+        divide_by_counts(out, offsets)
+    return out

@@ -1,0 +1,164 @@
+"""ShardServer: one shard of a sharded store, a TableGroup holding its slice of every table.
+
+The same object serves the local backend (in the trainer's process) and the Ray backend
+(inside an actor). It keeps the routed keys of each training forward under its step token,
+so the backward ships only the bag gradients and applies exactly the forward's keys (which
+also lets the core reuse the rows the lookup resolved).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from embstore import _sharded
+from embstore.errors import StaleStepError
+from embstore.group import TableGroup
+from embstore.ray import _stats
+from embstore.spec import TableSpec
+
+__all__ = ["MAX_PENDING", "ShardServer"]
+
+#: Training forwards a shard keeps for their backward (older ones are dropped: a trainer
+#: that never applies cannot grow the buffer).
+MAX_PENDING = 8
+
+#: One table's part of a routed batch on one shard: keys, CSR offsets over the bags the
+#: shard touches, those bags' indices in the full batch, per-id weights (or None) and the
+#: apply's per-id factor in mean mode (or None).
+Routed = tuple[Any, ...]
+
+
+class ShardServer:
+    """Shard ``shard`` of ``num_shards``: built from specs, or loaded (see :meth:`create`)."""
+
+    def __init__(self, group: TableGroup, shard: int, num_shards: int) -> None:
+        self.group = group
+        self.shard = shard
+        self.num_shards = num_shards
+        self.incarnation = uuid.uuid4().hex
+        self.restored_from: int | None = None
+        self._pending: OrderedDict[int, Mapping[str, Routed]] = OrderedDict()
+
+    @classmethod
+    def create(
+        cls,
+        specs: Mapping[str, TableSpec],
+        shard: int,
+        num_shards: int,
+        source: _sharded.Source | None = None,
+    ) -> ShardServer:
+        """A shard with fresh tables, or with its rows of the checkpoint ``source``."""
+        if source is None:
+            group = TableGroup(
+                {n: _sharded.build_shard(s, num_shards, n) for n, s in specs.items()}
+            )
+        else:
+            group = TableGroup(_sharded.load_shard(source, specs, shard, num_shards))
+        server = cls(group, shard, num_shards)
+        if source is not None:
+            server.restored_from = source.step
+        return server
+
+    # -- training ------------------------------------------------------------------------
+    def lookup(
+        self, token: int, batch: Mapping[str, Routed], insert: bool, exact: bool
+    ) -> tuple[dict[str, npt.NDArray[np.float32]], int]:
+        """Partial pooled sums of the bags this shard touches (or, ``exact``, each id's row),
+        per table; and the time taken (ns)."""
+        start = time.perf_counter_ns()
+        features: dict[str, tuple[Any, ...]] = {}
+        for name, (keys, offsets, _bags, weights, _coef) in batch.items():
+            if exact:
+                features[name] = (keys, np.arange(keys.shape[0] + 1, dtype=np.int64))
+            elif weights is None:
+                features[name] = (keys, offsets)
+            else:
+                features[name] = (keys, offsets, weights)
+        outs = self.group.lookup_sum(features, mode="sum", insert=insert) if features else {}
+        if insert:
+            self._pending[token] = batch
+            while len(self._pending) > MAX_PENDING:
+                self._pending.popitem(last=False)
+        return outs, time.perf_counter_ns() - start
+
+    def apply(
+        self,
+        token: int | None,
+        grads: Mapping[str, npt.NDArray[np.float32]],
+        routed: Mapping[str, Routed],
+    ) -> int:
+        """Applies the bag gradients ``grads`` (full batch, per table) to the keys of the
+        forward ``token`` (tables in ``routed`` bring their own routed keys instead).
+        Returns the time taken (ns)."""
+        start = time.perf_counter_ns()
+        forward = self._pending.get(token) if token is not None else None
+        entries: dict[str, tuple[Any, ...]] = {}
+        for name, g in grads.items():
+            part = routed.get(name)
+            if part is None:
+                if forward is None or name not in forward:
+                    msg = (
+                        f"shard {self.shard}: no pending forward for step token {token} "
+                        f"(table {name!r}); it restarted or dropped it"
+                    )
+                    raise StaleStepError(msg)
+                part = forward[name]
+            keys, offsets, bags, weights, coef = part
+            factor = coef if coef is not None else weights
+            # A shard that touched every bag (usual at L=8) takes the gradients as they are.
+            bag_grads = g if bags.shape[0] == g.shape[0] else np.ascontiguousarray(g[bags])
+            entries[name] = (
+                (keys, offsets, bag_grads) if factor is None else (keys, offsets, bag_grads, factor)
+            )
+        if forward is not None and token is not None:  # each table's keys apply once
+            rest = {n: v for n, v in forward.items() if n not in grads or n in routed}
+            if rest:
+                self._pending[token] = rest
+            else:
+                del self._pending[token]
+        if entries:
+            self.group.apply_gradients(entries, mode="sum")
+        return time.perf_counter_ns() - start
+
+    # -- management ----------------------------------------------------------------------
+    def save(self, directory: str) -> None:
+        """This shard's tables as a TableGroup checkpoint in ``directory``."""
+        self.group.save(directory)
+
+    def save_delta(self, directory: str) -> None:
+        """Each table's rows changed since its last checkpoint, into ``directory``."""
+        _sharded.save_delta_files(self.group, directory)
+
+    def set_step(self, step: int) -> None:
+        self.group.set_step(step)
+
+    def evict(self, older_than: int) -> dict[str, dict[str, np.ndarray]]:
+        return {n: t.evict(older_than=older_than) for n, t in self.group.items()}
+
+    def stats(self) -> dict[str, Any]:
+        """Each table's stats and raw latency histograms (merged by the client)."""
+        return {"tables": self.group.stats(), "raw": _stats.raw_buckets(dict(self.group))}
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "incarnation": self.incarnation,
+            "restored_from": self.restored_from,
+            "rows": {n: len(t) for n, t in self.group.items()},
+        }
+
+    def export(self, name: str) -> dict[str, np.ndarray]:
+        return self.group[name].export()
+
+    def close(self) -> None:
+        for table in self.group.values():
+            table.close()
+        self._pending.clear()

@@ -1,0 +1,561 @@
+"""ShardedTableGroup: the TableGroup API over N shards, each holding a slice of every table.
+
+Ids are routed by a salted hash mod N (``docs/ray.md``). A step is one call per shard per
+direction for all tables: the forward sends each shard its ids and gets back partial pooled
+sums of the bags they touch; the backward sends only the bag gradients (put once) with the
+forward's step token, and each shard applies the keys it kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from embstore import _arrays, _sharded, metrics
+from embstore.checkpoint import CheckpointError
+from embstore.errors import ShardLostError
+from embstore.ray import _pool, _stats
+from embstore.spec import TableSpec
+
+if TYPE_CHECKING:  # typing.Self needs Python 3.11; annotations are never evaluated at run time
+    from typing_extensions import Self
+
+__all__ = ["ApplyHandle", "ShardedTableGroup"]
+
+_BACKENDS = ("local", "ray")
+_RESTORE = ("fail", "checkpoint")
+
+
+class _Forward:
+    """What the client keeps of a training forward for one table, to recognise its apply."""
+
+    __slots__ = ("checked", "code", "plan", "token")
+
+    def __init__(self, token: int, checked: tuple[Any, ...], code: int, plan: _pool.Plan) -> None:
+        self.token = token
+        self.checked = checked
+        self.code = code
+        self.plan = plan
+
+    def matches(self, keys: Any, offsets: Any, weights: Any, code: int) -> bool:
+        k, off = self.checked[0], self.checked[1]
+        w = self.checked[2] if len(self.checked) == 3 else None
+        if code != self.code or (w is None) != (weights is None):
+            return False
+        same = (k is keys or np.array_equal(k, keys)) and (
+            off is offsets or np.array_equal(off, offsets)
+        )
+        return same and (w is None or w is weights or np.array_equal(w, weights))
+
+
+class ApplyHandle:
+    """An apply submitted with ``wait=False``; :meth:`wait` returns once every shard applied
+    it (and raises what the apply raised). Later calls on the store see the update anyway;
+    the next call on the store waits for it if :meth:`wait` was not called, and raises its
+    error then."""
+
+    def __init__(self, store: ShardedTableGroup, futures: list[tuple[int, Any]]) -> None:
+        self._store = store
+        self._futures = futures
+        self._submitted = time.perf_counter_ns()
+
+    def wait(self) -> None:
+        futures, self._futures = self._futures, []
+        if not futures:
+            return
+        shard_ns = self._store._results(futures, "unknown")
+        layers = self._store._layers
+        layers.record("client.rpc.apply", time.perf_counter_ns() - self._submitted)
+        for ns in shard_ns:
+            layers.record("shard.apply", ns)
+
+
+class ShardedTableGroup(Mapping[str, TableSpec]):
+    """Named tables sharded over ``num_shards`` stores, with TableGroup's batched calls.
+
+    Parameters
+    ----------
+    tables : Mapping[str, TableSpec]
+        The tables by name; ``capacity`` is each table's total over all shards.
+    num_shards : int
+        Shards (Ray actors with ``backend="ray"``).
+    backend : {"local", "ray"}
+        ``"local"``: the shards are TableGroups in this process (no Ray); ``"ray"``: one
+        sequential actor per shard.
+    actor_options : dict, optional
+        Passed to Ray's ``.options()`` for every actor (num_cpus, scheduling strategy, ...).
+    name : str, optional
+        Names the actors and makes them detached (they outlive this process);
+        :meth:`attach` finds them. :meth:`close` kills them.
+    restore : {"fail", "checkpoint"}
+        What a lost shard does: ``"fail"`` (the store raises :class:`~embstore.ShardLostError`
+        until :meth:`restore`), or ``"checkpoint"`` (Ray restarts the actor and it reloads its
+        part of the last checkpoint committed in ``checkpoint_dir``).
+    checkpoint_dir : str, optional
+        Where ``restore="checkpoint"`` finds the last committed checkpoint.
+    """
+
+    def __init__(
+        self,
+        tables: Mapping[str, TableSpec],
+        *,
+        num_shards: int,
+        backend: str = "local",
+        actor_options: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        restore: str = "fail",
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        _source: _sharded.Source | None = None,
+        _backend: Any = None,
+    ) -> None:
+        if not isinstance(tables, Mapping):
+            msg = f"tables must be a mapping of name -> TableSpec, got {type(tables).__name__}"
+            raise TypeError(msg)
+        for tname, spec in tables.items():
+            if not isinstance(tname, str):
+                msg = f"table names must be str, got {tname!r}"
+                raise TypeError(msg)
+            if not isinstance(spec, TableSpec):
+                msg = f"tables[{tname!r}] must be an embstore.TableSpec, got {spec!r}"
+                raise TypeError(msg)
+        num_shards = _arrays.positive_int("num_shards", num_shards)
+        if backend not in _BACKENDS:
+            msg = f"backend must be 'local' or 'ray', got {backend!r}"
+            raise ValueError(msg)
+        if restore not in _RESTORE:
+            msg = f"restore must be 'fail' or 'checkpoint', got {restore!r}"
+            raise ValueError(msg)
+        if restore == "checkpoint" and (checkpoint_dir is None or backend != "ray"):
+            msg = "restore='checkpoint' needs backend='ray' and a checkpoint_dir"
+            raise ValueError(msg)
+        self._specs: dict[str, TableSpec] = dict(tables)
+        self._names = list(self._specs)
+        self._dims = {n: s.dim for n, s in self._specs.items()}
+        self._num_shards = num_shards
+        self._checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        self._tokens = itertools.count(1)
+        self._forwards: dict[str, _Forward] = {}
+        self._lost: ShardLostError | None = None
+        self._fail_stop = restore == "fail"  # a lost shard stops the store until restore()
+        self._unwaited: list[ApplyHandle] = []
+        self._step = 0 if _source is None or _source.step is None else _source.step
+        self._last_checkpoint_step: int | None = None if _source is None else _source.step
+        self._closed = False
+        self._layers = _stats.Layers()
+        # The directory of the last checkpoint committed by or loaded into this store with
+        # its shard count unchanged: where save_delta continues the chain.
+        self._chain_dir = (
+            _source.directory if _source is not None and _source.num_shards == num_shards else None
+        )
+        if _backend is not None:
+            self._backend = _backend
+        elif backend == "local":
+            if actor_options is not None or name is not None:
+                msg = "actor_options and name need backend='ray'"
+                raise ValueError(msg)
+            from embstore.ray._local import LocalBackend
+
+            self._backend = LocalBackend(self._specs, num_shards, _source)
+        else:
+            from embstore.ray._ray_backend import RayBackend
+
+            self._backend = RayBackend(
+                self._specs,
+                num_shards,
+                _source,
+                dict(actor_options or {}),
+                name,
+                restore,
+                self._checkpoint_dir,
+            )
+
+    # -- mapping --------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> TableSpec:
+        return self._specs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    @property
+    def names(self) -> list[str]:
+        """The table names, in order."""
+        return list(self._names)
+
+    @property
+    def num_shards(self) -> int:
+        """Number of shards."""
+        return self._num_shards
+
+    @property
+    def backend(self) -> str:
+        """``"local"`` or ``"ray"``."""
+        return str(self._backend.name)
+
+    def __repr__(self) -> str:
+        return f"<embstore.ray.ShardedTableGroup {self._names} shards={self._num_shards}>"
+
+    def _dim(self, name: str) -> int:
+        try:
+            return self._dims[name]
+        except KeyError:
+            raise _arrays.unknown_table(name, self._names) from None
+
+    def _usable(self) -> None:
+        """Raises if the store is closed or lost a shard; first waits for applies sent with
+        ``wait=False`` (a shard runs them before any later call anyway), so their errors
+        surface here at the latest."""
+        if self._closed:
+            msg = "operation on a closed ShardedTableGroup"
+            raise ValueError(msg)
+        if self._lost is not None:
+            raise ShardLostError(self._lost.shard, "no", self._lost)
+        while self._unwaited:
+            self._unwaited.pop().wait()
+
+    def _results(self, futures: list[tuple[int, Any]], applied: str) -> list[Any]:
+        """Every shard's answer, in shard order; a lost shard marks the store lost."""
+        out = []
+        error: BaseException | None = None
+        for shard, future in futures:
+            try:
+                out.append(self._backend.result(shard, future, applied))
+            except ShardLostError as e:
+                if self._lost is None and self._fail_stop:
+                    self._lost = e
+                error = error or e
+            except BaseException as e:  # noqa: BLE001  (the first one is raised below)
+                error = error or e
+        if error is not None:
+            raise error
+        return out
+
+    # -- training -------------------------------------------------------------------------
+    def lookup_sum(
+        self,
+        features: Mapping[str, tuple[Any, ...]],
+        *,
+        mode: str = "sum",
+        insert: bool = True,
+        exact: bool = False,
+    ) -> dict[str, npt.NDArray[np.float32]]:
+        """Pooled lookups of several tables, as :meth:`TableGroup.lookup_sum` (one call per
+        shard). Pooled sums agree with the in-process group's within float tolerance (the
+        shards' partial sums are added in another order); ``exact=True`` returns them bit for
+        bit (shards send each id's row; the client pools them in order)."""
+        code = _arrays.mode_code(mode)
+        names = _arrays.entry_names(features, "features")
+        checked = [
+            _uint64_keys(
+                _arrays.named_entry(n, features[n], self._dim(n), "features", _arrays.lookup_entry)
+            )
+            for n in names
+        ]
+        self._usable()
+        t0 = time.perf_counter_ns()
+        batches = [(c[0], c[1], c[2] if len(c) == 3 else None, None) for c in checked]
+        plans = _pool.route(names, batches, self._num_shards, mean=code == 1)
+        token = next(self._tokens)
+        t1 = time.perf_counter_ns()
+        futures = []
+        for shard in range(self._num_shards):
+            batch = {n: p.part(shard) for n, p in zip(names, plans)}
+            call = self._backend.submit(shard, "lookup", token, batch, bool(insert), bool(exact))
+            futures.append((shard, call))
+        answers = self._results(futures, "no")
+        t2 = time.perf_counter_ns()
+        outs: dict[str, npt.NDArray[np.float32]] = {}
+        for name, plan, c in zip(names, plans, checked):
+            outs[name] = self._reduce(name, plan, c, answers, code == 1, exact)
+            if insert:
+                self._forwards[name] = _Forward(token, c, code, plan)
+        layers = self._layers
+        layers.record("client.route", t1 - t0)
+        layers.record("client.rpc.lookup_sum", t2 - t1)
+        layers.record("client.reduce", time.perf_counter_ns() - t2)
+        for _, shard_ns in answers:
+            layers.record("shard.lookup_sum", shard_ns)
+        return outs
+
+    def _reduce(
+        self,
+        name: str,
+        plan: _pool.Plan,
+        c: tuple[Any, ...],
+        answers: list[Any],
+        mean: bool,
+        exact: bool,
+    ) -> npt.NDArray[np.float32]:
+        offsets = c[1]
+        dim = self._dims[name]
+        if exact:
+            rows = np.empty((c[0].shape[0], dim), dtype=np.float32)
+            for shard, (outs, _) in enumerate(answers):
+                k0, k1 = int(plan.key_start[shard]), int(plan.key_start[shard + 1])
+                rows[plan.order[k0:k1]] = outs[name]
+            return _pool.pool_in_order(rows, offsets, c[2] if len(c) == 3 else None, mean)
+        parts = []
+        for shard, (outs, _) in enumerate(answers):
+            b0, b1 = int(plan.bag_start[shard]), int(plan.bag_start[shard + 1])
+            parts.append((plan.bags[b0:b1], outs[name]))
+        out = _pool.reduce_partials(offsets.shape[0] - 1, dim, parts)
+        if mean:
+            _pool.divide_by_counts(out, offsets)
+        return out
+
+    def apply_gradients(
+        self, grads: Mapping[str, tuple[Any, ...]], *, mode: str = "sum", wait: bool = True
+    ) -> ApplyHandle | None:
+        """Apply the backward of :meth:`lookup_sum`, as :meth:`TableGroup.apply_gradients`.
+
+        A table whose keys, offsets, weights and mode are those of the last training lookup
+        ships only its bag gradients (each shard applies the keys it kept); any other is
+        routed afresh. With ``wait=False`` returns an :class:`ApplyHandle` at once (later
+        calls on this store still see the update: each shard runs calls in order).
+        """
+        code = _arrays.mode_code(mode)
+        names = _arrays.entry_names(grads, "grads")
+        checked = [
+            _uint64_keys(
+                _arrays.named_entry(n, grads[n], self._dim(n), "grads", _arrays.apply_entry)
+            )
+            for n in names
+        ]
+        batches = [(c[0], c[1], c[3] if len(c) == 4 else None, c[2]) for c in checked]
+        t0 = time.perf_counter_ns()
+        _pool.route(names, batches, self._num_shards, mean=code == 1, split=False)
+        self._layers.record("client.validate", time.perf_counter_ns() - t0)
+        self._usable()
+        token: int | None = None
+        reroute: list[int] = []
+        for k, (name, c) in enumerate(zip(names, checked)):
+            fwd = self._forwards.get(name)
+            w = c[3] if len(c) == 4 else None
+            if (
+                fwd is not None
+                and (token is None or fwd.token == token)
+                and fwd.matches(c[0], c[1], w, code)
+            ):
+                token = fwd.token
+            else:
+                reroute.append(k)
+        plans = {}
+        if reroute:
+            sub = _pool.route(
+                [names[k] for k in reroute],
+                [batches[k] for k in reroute],
+                self._num_shards,
+                mean=code == 1,
+            )
+            plans = {names[k]: p for k, p in zip(reroute, sub)}
+        for name in names:
+            fwd = self._forwards.get(name)
+            if fwd is not None and (token is None or fwd.token == token):
+                del self._forwards[name]
+        full = self._backend.put({n: c[2] for n, c in zip(names, checked)})
+        futures = []
+        for shard in range(self._num_shards):
+            routed = {n: p.part(shard) for n, p in plans.items()}
+            futures.append((shard, self._backend.submit(shard, "apply", token, full, routed)))
+        handle = ApplyHandle(self, futures)
+        if not wait:
+            self._unwaited.append(handle)
+            return handle
+        handle.wait()
+        return None
+
+    # -- management -----------------------------------------------------------------------
+    def _broadcast(self, method: str, *args: Any) -> list[Any]:
+        self._usable()
+        futures = [(k, self._backend.submit(k, method, *args)) for k in range(self._num_shards)]
+        return self._results(futures, "unknown")
+
+    def set_step(self, step: int) -> None:
+        """``set_step(step)`` on every table of every shard."""
+        if isinstance(step, bool) or not isinstance(step, int | np.integer):
+            msg = f"step must be an int, got {type(step).__name__}"
+            raise TypeError(msg)
+        if not 0 <= int(step) < 2**32:
+            msg = f"step must be in [0, 2**32), got {step}"
+            raise ValueError(msg)
+        self._broadcast("set_step", int(step))
+        self._step = int(step)
+
+    def evict(self, *, older_than: int) -> dict[str, dict[str, np.ndarray]]:
+        """``Table.evict(older_than=)`` on every shard; the removed rows per table (ids and
+        values, shards concatenated in order)."""
+        if isinstance(older_than, bool) or not isinstance(older_than, int | np.integer):
+            msg = f"older_than must be an int, got {type(older_than).__name__}"
+            raise TypeError(msg)
+        if int(older_than) < 0:
+            msg = f"older_than must be >= 0, got {older_than}"
+            raise ValueError(msg)
+        parts = self._broadcast("evict", int(older_than))
+        return {
+            n: {
+                "ids": np.concatenate([p[n]["ids"] for p in parts]),
+                "values": np.concatenate([p[n]["values"] for p in parts]),
+            }
+            for n in self._names
+        }
+
+    def export(self, name: str) -> dict[str, np.ndarray]:
+        """``Table.export()`` of table ``name``, every shard's rows concatenated in order."""
+        self._dim(name)
+        parts = self._broadcast("export", name)
+        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+    def stats(self) -> dict[str, Any]:
+        """``tables``: per table, the shards' counters summed and their latency histograms
+        added bucket by bucket (then summarised as ``Table.stats()["latency"]``); ``client``:
+        this client's layers (``client.route``, ``client.rpc.lookup_sum``,
+        ``client.rpc.apply``, ``client.reduce``, and the shards' own ``shard.lookup_sum``
+        and ``shard.apply`` times); ``shards``: each shard's ``Table.stats()`` per table."""
+        return _stats.merge(self._broadcast("stats"), self._layers)
+
+    def prometheus_text(self) -> str:
+        """Every shard's tables in the Prometheus text format (as
+        :func:`embstore.metrics.prometheus_text`), each sample labelled ``shard`` and
+        ``table``."""
+        entries = [
+            (f'shard="{k}",table="{metrics._label(name)}"', st)
+            for k, shard_stats in enumerate(self._broadcast("stats"))
+            for name, st in shard_stats["tables"].items()
+        ]
+        return metrics.format_prometheus(entries)
+
+    def health(self) -> list[dict[str, Any]]:
+        """Per shard: ``{alive, restarts, last_checkpoint, lost_steps, rows}`` (and ``pid``)."""
+        return list(self._backend.health(self._last_checkpoint_step, self._step))
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def save(self, directory: str | os.PathLike[str]) -> None:
+        """Checkpoint every shard into ``directory``: one TableGroup checkpoint per shard in
+        a new subdirectory, then the top-level ``MANIFEST.json`` written atomically (the
+        commit point, recording the route). A crash or a lost shard before the manifest
+        leaves the previous checkpoint in ``directory`` the committed one."""
+        directory = os.path.abspath(os.fspath(directory))
+        os.makedirs(directory, exist_ok=True)
+        dirs = self._new_dirs()
+        self._chain_dir = None  # until committed: a failed save starts no chain
+        self._usable()
+        futures = [
+            (k, self._backend.submit(k, "save", os.path.join(directory, d)))
+            for k, d in enumerate(dirs)
+        ]
+        self._results(futures, "no")
+        caps = {n: s.capacity for n, s in self._specs.items()}
+        _sharded.write_manifest(directory, dirs, caps, self._step)
+        self._last_checkpoint_step = self._step
+        self._chain_dir = directory
+
+    def save_delta(self, directory: str | os.PathLike[str]) -> None:
+        """Checkpoint only what changed since the last :meth:`save` or :meth:`save_delta`
+        into ``directory`` (the directory of that checkpoint): one delta per table and shard
+        in new subdirectories, then the manifest, extended by them, written atomically.
+        Raises :class:`~embstore.CheckpointError` if the last checkpoint of this store was
+        not committed in ``directory`` (a failed save or save_delta needs a full save)."""
+        directory = os.path.abspath(os.fspath(directory))
+        body = _sharded.read_body(directory)
+        if self._chain_dir != directory or body is None:
+            msg = (
+                f"{directory}: save_delta needs the last checkpoint of this store committed "
+                "there (call save(directory) first)"
+            )
+            raise CheckpointError(msg)
+        dirs = self._new_dirs()
+        self._chain_dir = None
+        self._usable()
+        futures = [
+            (k, self._backend.submit(k, "save_delta", os.path.join(directory, d)))
+            for k, d in enumerate(dirs)
+        ]
+        self._results(futures, "no")
+        deltas = [list(save) for save in body["deltas"]] + [dirs]
+        caps = {n: s.capacity for n, s in self._specs.items()}
+        _sharded.write_manifest(directory, body["shards"], caps, self._step, deltas)
+        self._last_checkpoint_step = self._step
+        self._chain_dir = directory
+
+    def _new_dirs(self) -> list[str]:
+        save_id = uuid.uuid4().hex
+        return [
+            _sharded.shard_dir_name(k, self._num_shards, save_id) for k in range(self._num_shards)
+        ]
+
+    @classmethod
+    def load(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        num_shards: int | None = None,
+        backend: str = "local",
+        **options: Any,
+    ) -> ShardedTableGroup:
+        """The store committed in ``directory`` (by :meth:`save`, or a plain
+        :meth:`TableGroup.save`), over ``num_shards`` shards (default: as saved). With another
+        shard count every shard streams every saved file and keeps the rows routed to it."""
+        source = _sharded.open_source(directory)
+        m = (
+            source.num_shards
+            if num_shards is None
+            else _arrays.positive_int("num_shards", num_shards)
+        )
+        specs = _sharded.specs_of(source)
+        return cls(specs, num_shards=m, backend=backend, _source=source, **options)
+
+    def restore(self, directory: str | os.PathLike[str]) -> None:
+        """Roll every shard back to the checkpoint committed in ``directory`` (after a lost
+        shard, or at any time); the store then takes calls again."""
+        source = _sharded.open_source(directory)
+        self._backend.restart(self._specs, source)
+        self._forwards.clear()
+        self._unwaited.clear()
+        self._lost = None
+        self._last_checkpoint_step = source.step
+        self._chain_dir = source.directory if source.num_shards == self._num_shards else None
+        if source.step is not None:
+            self._step = source.step
+
+    @classmethod
+    def attach(cls, name: str) -> ShardedTableGroup:
+        """The store whose detached actors were created with ``name=name`` (Ray only)."""
+        from embstore.ray._ray_backend import RayBackend
+
+        backend, specs, restore, ckpt = RayBackend.attach(name)
+        return cls(
+            specs,
+            num_shards=backend.num_shards,
+            backend="ray",
+            restore=restore,
+            checkpoint_dir=ckpt,
+            _backend=backend,
+        )
+
+    def close(self) -> None:
+        """Release every shard (kills the actors, detached ones included)."""
+        if not self._closed:
+            self._closed = True
+            self._backend.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _uint64_keys(entry: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A checked entry with its keys as uint64 (int64 keys are reinterpreted, not copied),
+    as the route takes them."""
+    k = entry[0]
+    return entry if k.dtype == np.uint64 else (k.view(np.uint64), *entry[1:])

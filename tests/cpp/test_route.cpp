@@ -1,0 +1,127 @@
+// File: tests/cpp/test_route.cpp
+//
+// The route kernel (embstore/route.hpp): route_of against the 128-bit product it stands for,
+// and count_routes + fill_routes against a direct per-route reconstruction of random
+// batches (with duplicates, empty bags, weights and mean coefficients).
+#include <cstdint>   // uint64_t, int64_t
+#include <cstdio>    // std::printf, std::fprintf
+#include <random>    // std::mt19937_64
+#include <stdexcept>  // std::invalid_argument
+#include <string>     // std::string
+#include <vector>    // std::vector
+
+#include "embstore/hash.hpp"   // splitmix64
+#include "embstore/route.hpp"  // route_of, count_routes, fill_routes
+#include "test_util.hpp"       // random_offsets
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const char* what, int line) {
+  if (!ok) {
+    std::fprintf(stderr, "test_route.cpp:%d: check failed: %s\n", line, what);
+    ++failures;
+  }
+}
+#define CHECK(cond) check((cond), #cond, __LINE__)
+
+void route_of_is_the_high_word_of_the_product() {
+  std::mt19937_64 rng(1);
+  for (int t = 0; t < 100000; ++t) {
+    const uint64_t id = rng();
+    const uint32_t n = t % 3 == 0 ? static_cast<uint32_t>(rng()) | 1u : 1 + t % 9;
+    __extension__ const unsigned __int128 p =
+        static_cast<unsigned __int128>(embstore::splitmix64(id ^ embstore::kRouteSalt)) * n;
+    CHECK(embstore::route_of(id, embstore::kRouteSalt, n) == static_cast<uint32_t>(p >> 64));
+  }
+}
+
+void split_matches_a_direct_reconstruction() {
+  std::mt19937_64 rng(2);
+  for (int t = 0; t < 300; ++t) {
+    const size_t n = rng() % 80, bags = 1 + rng() % 12;
+    const uint32_t R = 1 + rng() % 4;
+    embstore_test::Ids keys(n);
+    for (uint64_t& k : keys) k = rng() % 25;  // duplicates
+    const embstore_test::Offsets off = embstore_test::random_offsets(rng, n, bags);
+    embstore_test::Floats w(n);
+    for (float& x : w) x = static_cast<float>(rng() % 1000) / 7.0f;
+    embstore::RouteRequest r;
+    r.keys = keys.data();
+    r.n = n;
+    r.offsets = off.data();
+    r.num_bags = bags;
+    r.weights = w.data();
+    std::vector<uint32_t> route(n);
+    const embstore::RouteCounts c = embstore::count_routes(r, R, 7, route.data());
+    std::vector<int64_t> order(n), sub_bags(c.num_bags()), sub_off(c.num_offsets());
+    embstore_test::Ids out_keys(n);
+    embstore_test::Floats out_w(n), coef(n);
+    embstore::fill_routes(r, route.data(), c,
+                          {order.data(), out_keys.data(), out_w.data(), coef.data(),
+                           sub_bags.data(), sub_off.data()});
+    for (uint32_t s = 0; s < R; ++s) {
+      // Expected: this route's ids in request order, and the bags they touch.
+      std::vector<int64_t> pos, touched;
+      for (size_t b = 0; b < bags; ++b) {
+        for (int64_t i = off[b]; i < off[b + 1]; ++i) {
+          if (embstore::route_of(keys[i], 7, R) != s) continue;
+          if (touched.empty() || touched.back() != static_cast<int64_t>(b)) touched.push_back(b);
+          pos.push_back(i);
+        }
+      }
+      const int64_t k0 = c.key_start[s], b0 = c.bag_start[s];
+      CHECK(c.key_start[s + 1] - k0 == static_cast<int64_t>(pos.size()));
+      CHECK(c.bag_start[s + 1] - b0 == static_cast<int64_t>(touched.size()));
+      for (size_t j = 0; j < pos.size(); ++j) {
+        CHECK(order[k0 + j] == pos[j]);
+        CHECK(out_keys[k0 + j] == keys[pos[j]]);
+        CHECK(out_w[k0 + j] == w[pos[j]]);
+        int64_t b = 0;
+        while (off[b + 1] <= pos[j]) ++b;
+        CHECK(coef[k0 + j] == w[pos[j]] / static_cast<float>(off[b + 1] - off[b]));
+      }
+      const int64_t* so = sub_off.data() + b0 + s;
+      CHECK(so[0] == 0 && so[touched.size()] == static_cast<int64_t>(pos.size()));
+      for (size_t j = 0; j < touched.size(); ++j) {
+        CHECK(sub_bags[b0 + j] == touched[j]);
+        for (int64_t i = so[j]; i < so[j + 1]; ++i) {  // every id of sub-bag j is in bag j
+          CHECK(off[touched[j]] <= pos[i] && pos[i] < off[touched[j] + 1]);
+        }
+      }
+    }
+  }
+}
+
+void validation_raises_the_batch_calls_errors() {
+  const uint64_t keys[3] = {1, 2, 3};
+  const int64_t bad[2] = {0, 2};
+  embstore::RouteRequest r;
+  r.keys = keys;
+  r.n = 3;
+  r.offsets = bad;
+  r.num_bags = 1;
+  r.label = "u";
+  bool thrown = false;
+  try {
+    embstore::validate_route_requests({r});
+  } catch (const std::invalid_argument& e) {
+    thrown = std::string(e.what()).rfind("table 'u': offsets[-1] must equal len(keys)=3", 0) == 0;
+  }
+  CHECK(thrown);
+}
+
+}  // namespace
+
+int main() {
+  route_of_is_the_high_word_of_the_product();
+  split_matches_a_direct_reconstruction();
+  validation_raises_the_batch_calls_errors();
+  if (failures != 0) {
+    std::fprintf(stderr, "test_route: %d checks failed\n", failures);
+    return 1;
+  }
+  std::printf("test_route: ok\n");
+  return 0;
+}

@@ -1,0 +1,213 @@
+"""embstore.ray on Ray: actors, ordering, kills (ray.kill and SIGKILL) and restarts.
+
+One local cluster for the whole run (num_cpus=2, no dashboard, no usage stats).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'embstore[ray]')")
+
+from test_sharded import assert_same_rows, batch, grads_of, in_process, specs, train
+
+import embstore
+from embstore.ray import ShardedTableGroup, ShardLostError, StaleStepError
+
+pytestmark = pytest.mark.timeout(300)
+DIMS = {"user": 5, "item": 3}
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[None]:
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    src = os.path.dirname(os.path.dirname(os.path.abspath(embstore.__file__)))
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": src, "RAY_USAGE_STATS_ENABLED": "0"}},
+    )
+    yield
+    ray.shutdown()
+
+
+def _wait_restarted(store: ShardedTableGroup, shard: int, restarts: int) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        h = store.health()[shard]
+        if h["alive"] and h["restarts"] >= restarts:
+            return h
+        time.sleep(0.2)
+    raise AssertionError(f"shard {shard} did not restart")
+
+
+def test_ray_rows_equal_in_process_and_wait_false_is_ordered(cluster: None) -> None:
+    rng = np.random.default_rng(11)
+    sp = specs("adam")
+    with ShardedTableGroup(sp, num_shards=2, backend="ray") as store:
+        group = in_process(sp)
+        train(store, group, rng, 3, "sum", weighted=True)
+        train(store, group, rng, 2, "mean", weighted=False, exact=False)
+        feats = batch(rng, weighted=False)
+        store.lookup_sum(feats)
+        group.lookup_sum(feats)
+        g = grads_of(rng, feats, DIMS)
+        handle = store.apply_gradients(g, wait=False)
+        group.apply_gradients(g)
+        got = store.lookup_sum(feats, insert=False, exact=True)  # sees the update
+        assert handle is not None
+        handle.wait()
+        want = group.lookup_sum(feats, insert=False)
+        for n in feats:
+            np.testing.assert_array_equal(got[n], want[n])
+        assert_same_rows(store, group)
+        assert store.stats()["tables"]["user"]["size"] == len(group["user"])
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])
+def test_fail_stop_until_restore(cluster: None, tmp_path: Any, how: str) -> None:
+    rng = np.random.default_rng(12)
+    sp = specs("sgd")
+    with ShardedTableGroup(sp, num_shards=2, backend="ray") as store:
+        group = in_process(sp)
+        train(store, group, rng, 2, "sum", weighted=False)
+        store.save(tmp_path)
+        saved = {n: group[n].export() for n in group}
+        train(store, group, rng, 1, "sum", weighted=False)
+        if how == "ray.kill":
+            ray.kill(store._backend.actors[1], no_restart=True)
+        else:
+            os.kill(store.health()[1]["pid"], signal.SIGKILL)
+        feats = batch(rng, weighted=False)
+        with pytest.raises(ShardLostError) as info:
+            for _ in range(50):  # SIGKILL: the death may be noticed a call later
+                store.lookup_sum(feats)
+                time.sleep(0.1)
+        assert info.value.shard == 1 and info.value.applied == "no"
+        with pytest.raises(ShardLostError):  # refused until restore
+            store.apply_gradients(grads_of(rng, feats, DIMS))
+        assert not store.health()[1]["alive"]
+        store.restore(tmp_path)
+        snapshot = in_process(sp)
+        for n, e in saved.items():
+            snapshot[n].import_(e)
+        assert_same_rows(store, snapshot)
+        train(store, snapshot, rng, 1, "sum", weighted=False)
+
+
+def test_apply_to_a_dead_shard_is_not_known_applied(cluster: None) -> None:
+    rng = np.random.default_rng(13)
+    with ShardedTableGroup(specs("sgd"), num_shards=2, backend="ray") as store:
+        feats = batch(rng, weighted=False)
+        store.lookup_sum(feats)
+        ray.kill(store._backend.actors[0], no_restart=True)
+        with pytest.raises(ShardLostError) as info:
+            store.apply_gradients(grads_of(rng, feats, DIMS))
+        assert info.value.shard == 0 and info.value.applied == "unknown"
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])
+def test_restore_checkpoint_restarts_the_shard_from_its_checkpoint(
+    cluster: None, tmp_path: Any, how: str
+) -> None:
+    rng = np.random.default_rng(14)
+    sp = specs("adagrad")
+    with ShardedTableGroup(
+        sp, num_shards=2, backend="ray", restore="checkpoint", checkpoint_dir=str(tmp_path)
+    ) as store:
+        group = in_process(sp)
+        train(store, group, rng, 2, "sum", weighted=False)
+        store.set_step(5)
+        store.save(tmp_path)
+        before = ray.get(store._backend.actors[0].call.remote("export", "user"))[1]
+        train(store, group, rng, 1, "sum", weighted=False)
+        store.set_step(9)
+        feats = batch(rng, weighted=False)
+        store.lookup_sum(feats)
+        if how == "ray.kill":
+            ray.kill(store._backend.actors[0], no_restart=False)
+        else:
+            os.kill(store.health()[0]["pid"], signal.SIGKILL)
+        h = _wait_restarted(store, 0, 1)
+        assert h["last_checkpoint"] == 5 and h["lost_steps"] == 4 and h["restarts"] == 1
+        with pytest.raises(StaleStepError):  # the restarted shard lost the forward
+            store.apply_gradients(grads_of(rng, feats, DIMS))
+        after = ray.get(store._backend.actors[0].call.remote("export", "user"))[1]
+        o1, o2 = np.argsort(before["ids"]), np.argsort(after["ids"])
+        for k in before:
+            np.testing.assert_array_equal(after[k][o2], before[k][o1])
+        out = store.lookup_sum(feats)  # the store keeps serving
+        assert out["user"].shape == (feats["user"][1].shape[0] - 1, 5)
+
+
+def test_named_store_is_detached_and_attachable(cluster: None, tmp_path: Any) -> None:
+    rng = np.random.default_rng(15)
+    store = ShardedTableGroup(specs("sgd"), num_shards=2, backend="ray", name="ray-test-store")
+    try:
+        feats = batch(rng, weighted=False)
+        first = store.lookup_sum(feats, exact=True)
+        other = ShardedTableGroup.attach("ray-test-store")
+        assert other.names == ["user", "item"] and other.num_shards == 2
+        again = other.lookup_sum(feats, insert=False, exact=True)
+        for n in feats:
+            np.testing.assert_array_equal(first[n], again[n])
+        store.save(tmp_path)
+        store.restore(tmp_path)  # new actors under the same names
+        restored = store.lookup_sum(feats, insert=False, exact=True)
+        for n in feats:
+            np.testing.assert_array_equal(first[n], restored[n])
+    finally:
+        store.close()
+    with pytest.raises(ValueError):
+        ray.get_actor("ray-test-store.shard0", namespace="embstore")
+
+
+def test_restartable_store_survives_a_lost_apply(cluster: None, tmp_path: Any) -> None:
+    rng = np.random.default_rng(16)
+    sp = specs("sgd")
+    with ShardedTableGroup(
+        sp, num_shards=2, backend="ray", restore="checkpoint", checkpoint_dir=str(tmp_path)
+    ) as store:
+        group = in_process(sp)
+        train(store, group, rng, 1, "sum", weighted=False)
+        store.save(tmp_path)
+        feats = batch(rng, weighted=False)
+        store.lookup_sum(feats)
+        ray.kill(store._backend.actors[1], no_restart=False)
+        # At most once: lost in flight (applied unknown) or refused by the restarted shard.
+        with pytest.raises((ShardLostError, StaleStepError)) as info:
+            store.apply_gradients(grads_of(rng, feats, DIMS))
+        if isinstance(info.value, ShardLostError):
+            assert info.value.shard == 1 and info.value.applied == "unknown"
+        out = store.lookup_sum(feats)  # not stopped: lookups go on (retried if needed)
+        assert out["item"].shape == (feats["item"][1].shape[0] - 1, 3)
+        assert _wait_restarted(store, 1, 1)["last_checkpoint"] == 1
+
+
+def test_each_actor_writes_its_own_perf_report(
+    cluster: None, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "perf.log")
+    monkeypatch.setenv("EMBSTORE_PERF_REPORT_PATH", path)
+    monkeypatch.setenv("EMBSTORE_PERF_INTERVAL_MS", "100")
+    rng = np.random.default_rng(17)
+    with ShardedTableGroup(specs("sgd"), num_shards=2, backend="ray") as store:
+        store.lookup_sum(batch(rng, weighted=False))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done = [os.path.exists(f"{path}.shard-{k}") for k in range(2)]
+            if all(done):
+                break
+            time.sleep(0.2)
+        for k in range(2):
+            with open(f"{path}.shard-{k}") as f:
+                assert "name=group.lookup_sum" in f.read()
+    assert not os.path.exists(path)

@@ -1,0 +1,124 @@
+"""embstore.ray routing: the salted multiply-shift route and the one-pass batch split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import random_offsets
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import M64, splitmix64, splitmix64_int
+
+from embstore import _core
+from embstore import _sharded as _reshard
+from embstore.ray import _pool
+
+
+def _route_int(x: int, n: int) -> int:
+    """The documented route on a Python int: high word of splitmix64(id ^ salt) * n."""
+    return (splitmix64_int(x ^ _reshard.SALT) * n) >> 64
+
+
+def _cells(ids: np.ndarray, routes: np.ndarray, n: int, inner: int) -> np.ndarray:
+    """Ids per (route, Table shard): a Table shards by the top bits of splitmix64(id)."""
+    inner_shard = (splitmix64(ids) >> np.uint64(64 - inner.bit_length() + 1)).astype(np.int64)
+    return np.bincount(routes.astype(np.int64) * inner + inner_shard, minlength=n * inner)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("kind", ["sequential", "random"])
+def test_every_inner_shard_of_every_route_gets_its_share(n: int, kind: str) -> None:
+    rng = np.random.default_rng(7)
+    ids = (
+        np.arange(1_000_000, dtype=np.uint64)
+        if kind == "sequential"
+        else rng.integers(0, 2**63, 1_000_000, dtype=np.int64).astype(np.uint64)
+    )
+    routes = _reshard.route_ids(ids, n)
+    inner = 16
+    cells = _cells(ids, routes, n, inner)
+    fair = ids.shape[0] / (n * inner)
+    assert np.abs(cells / fair - 1).max() < 0.05
+
+
+def test_a_route_reusing_the_tables_bits_would_starve_inner_shards() -> None:
+    # The control: routing by splitmix64's own high bits leaves each route 1/n of the
+    # Table's shards, which the balance check above must catch.
+    ids = np.arange(1_000_000, dtype=np.uint64)
+    bad = (splitmix64(ids) >> np.uint64(63)).astype(np.uint32)
+    cells = _cells(ids, bad, 2, 16)
+    assert np.abs(cells / (ids.shape[0] / 32) - 1).max() > 0.5
+
+
+def test_route_ids_match_the_documented_formula() -> None:
+    rng = np.random.default_rng(1)
+    ids = np.concatenate(
+        [
+            np.array([0, 1, 2**63, M64 - 1], dtype=np.uint64),
+            rng.integers(0, 2**64, 500, dtype=np.uint64),
+        ]
+    )
+    for n in (1, 2, 3, 7, 1000):
+        got = _reshard.route_ids(ids, n)
+        assert got.dtype == np.uint32
+        assert [int(r) for r in got] == [_route_int(int(x), n) for x in ids]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n_keys=st.integers(0, 60),
+    bags=st.integers(0, 12),
+    shards=st.integers(1, 4),
+    weighted=st.booleans(),
+    mean=st.booleans(),
+)
+def test_split_reassembles_the_batch(
+    seed: int, n_keys: int, bags: int, shards: int, weighted: bool, mean: bool
+) -> None:
+    rng = np.random.default_rng(seed)
+    if bags == 0:
+        n_keys = 0
+    keys = rng.integers(0, 20, n_keys).astype(np.uint64)  # many duplicates
+    off = random_offsets(rng, n_keys, bags)
+    w = rng.standard_normal(n_keys).astype(np.float32) if weighted else None
+    (plan,) = _pool.route(["t"], [(keys, off, w, None)], shards, mean=mean)
+    routes = _reshard.route_ids(keys, shards)
+    bag_of = np.repeat(np.arange(bags), np.diff(off))
+    seen = []
+    for s in range(shards):
+        k, o, b, ws, c = plan.part(s)
+        pos = plan.order[plan.key_start[s] : plan.key_start[s + 1]]
+        want = np.nonzero(routes == s)[0]
+        np.testing.assert_array_equal(pos, want)  # this shard's ids, in request order
+        np.testing.assert_array_equal(k, keys[want])
+        np.testing.assert_array_equal(b, np.unique(bag_of[want]))
+        assert o[0] == 0 and o[-1] == k.shape[0] and b.shape[0] + 1 == o.shape[0]
+        np.testing.assert_array_equal(np.repeat(b, np.diff(o)), bag_of[want])
+        if weighted:
+            np.testing.assert_array_equal(ws, w[want])
+        else:
+            assert ws is None
+        if mean:
+            size = np.diff(off).astype(np.float32)[bag_of[want]]
+            base = w[want] if weighted else np.ones(want.shape[0], np.float32)
+            np.testing.assert_array_equal(c, base / size)
+        else:
+            assert c is None
+        seen.append(pos)
+    assert sorted(np.concatenate(seen).tolist()) == list(range(n_keys))
+
+
+def test_route_validates_like_a_group_call() -> None:
+    keys = np.array([1, 2, 3], dtype=np.uint64)
+    with pytest.raises(ValueError, match="table 'u': offsets\\[-1\\] must equal len"):
+        _pool.route(["u"], [(keys, np.array([0, 2], np.int64), None, None)], 2, mean=False)
+    g = np.array([[np.nan]], dtype=np.float32)
+    with pytest.raises(ValueError, match="table 'v': grads must be finite"):
+        _pool.route(
+            ["v"], [(keys, np.array([0, 3], np.int64), None, g)], 2, mean=False, split=False
+        )
+    with pytest.raises(TypeError, match="keys"):
+        _core.route_batches(
+            [(keys.astype(np.int32), np.array([0, 3]), None, None)], ["t"], 2, 1, False
+        )
