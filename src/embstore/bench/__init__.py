@@ -33,6 +33,9 @@ Modules (one responsibility each):
 - :mod:`~embstore.bench.env`: machine facts and other processes' CPU time;
 - :mod:`~embstore.bench.runner`: the run itself (:func:`run`, :class:`BenchConfig`);
 - :mod:`~embstore.bench.report`: result rows and the markdown report;
+- :mod:`~embstore.bench.results_io`: reading saved reports and workload figures;
+- :mod:`~embstore.bench.page`, ``page_text``: the results page (``--markdown``) and the
+  README's table (``--readme-table``), generated from saved results;
 - :mod:`~embstore.bench.cli`: the command line (:func:`main`).
 """
 
