@@ -603,6 +603,19 @@ def test_committed_results_page_is_what_the_generator_prints() -> None:
         assert f"results/{png.name}" in expected
 
 
+def test_readme_performance_table_is_what_the_generator_prints() -> None:
+    from embstore.bench.page import readme_table
+    from embstore.bench.results_io import load_results
+
+    files, _ = _committed_command()
+    reports, workloads = load_results([str(REPO / f) for f in files])
+    labels = {k: v for w in workloads for k, v in w.get("machines", {}).items()}
+    assert readme_table(reports, labels) in (REPO / "README.md").read_text(), (
+        "README.md's performance table is out of date: paste the output of "
+        "python -m embstore bench --from-json " + " ".join(files) + " --readme-table"
+    )
+
+
 def test_markdown_flag_writes_the_page(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from embstore.bench.cli import main
 

@@ -273,9 +273,8 @@ def readme_table(reports: Sequence[Report], labels: Labels | None = None) -> str
                 cells.append(ratio(min(steps) / es["step_ms"]) if steps else "n/a")
             lines.append("| " + " | ".join(cells) + " |")
     env = runs[0]["environment"]
-    commits = ", ".join(dict.fromkeys(str(r["environment"]["commit"]) for r in runs))
     note = (
-        f"2-core {_label(cpu, labels)}, {str(env['date'])[:10]}, commit {commits}, `--full` "
+        f"2-core {_label(cpu, labels)}, {str(env['date'])[:10]}, `--full` "
         f"(U={runs[0]['config']['universe']:,}): each ratio is the peer's step over embstore's "
         "in the same run (> 1: embstore is faster), each peer at its best thread count."
     )
