@@ -43,9 +43,11 @@ def test_tbe_inputs_are_table_major(pooling: int) -> None:
     batch = wl.batches[0]
     indices, offsets = tbe_inputs(batch)
     b, n = batch.batch_size, batch.batch_size * pooling
-    assert indices.dtype == np.int64 and offsets.dtype == np.int64
+    assert indices.dtype == np.int64
+    assert offsets.dtype == np.int64
     assert offsets.shape == (len(batch.rows) * b + 1,)
-    assert offsets[0] == 0 and offsets[-1] == indices.shape[0] == len(batch.rows) * n
+    assert offsets[0] == 0
+    assert offsets[-1] == indices.shape[0] == len(batch.rows) * n
     for t, rows in enumerate(batch.rows):
         for bag in (0, 1, b - 1):
             lo, hi = offsets[t * b + bag], offsets[t * b + bag + 1]
@@ -63,7 +65,8 @@ def test_fbgemm_unavailable_names_the_install_line(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(mod, "import_fbgemm", missing)
     why = FbgemmTbePeer.unavailable()
-    assert why is not None and why.startswith("skipped")
+    assert why is not None
+    assert why.startswith("skipped")
     assert FBGEMM_INSTALL in why
 
 
@@ -88,13 +91,15 @@ def test_fbgemm_peer_matches_numpy(pooling: int, dim: int, threads: int) -> None
         np.testing.assert_array_equal(
             w0, wl.tables[0].initial_rows(dim, seed=0)[wl.batches[0].rows[0]]
         )
-        assert acc0 is not None and not acc0.any()
+        assert acc0 is not None
+        assert not acc0.any()
         peer.prepare(wl.batches[:2], wl.grads)  # the last batches go unprepared
         for batch in wl.batches:
             res = verify_peer(peer, batch, wl.grads)
             assert res["forward_max_abs_err"] <= 1e-6
         _, acc = peer.read_rows(0, wl.batches[-1])
-        assert acc is not None and acc.any()
+        assert acc is not None
+        assert acc.any()
     finally:
         peer.close()
 
@@ -108,7 +113,8 @@ def test_row_sizes_and_line_words() -> None:
     """Rates are measured for index lines, weight rows and whole Adagrad rows, in lines."""
     from embstore.bench.floor import embstore_row_bytes, line_words, row_sizes
 
-    assert embstore_row_bytes(32) == 256 and embstore_row_bytes(30) == 240
+    assert embstore_row_bytes(32) == 256
+    assert embstore_row_bytes(30) == 240
     assert row_sizes([32, 128]) == [64, 128, 256, 512, 1024]
     assert row_sizes([30]) == [64, 128, 256]  # 120-byte weights, 240-byte rows: in lines
     np.testing.assert_array_equal(
@@ -127,7 +133,9 @@ def test_step_traffic_counts_embstore_bytes() -> None:
     u = np.mean([sum(np.unique(k).shape[0] for k in b.keys) for b in wl.batches])
     assert unique_ids(wl.batches) == pytest.approx(u)
     n = 3 * 64 * 4
-    assert tr.ids == n and tr.unique_ids == pytest.approx(u) and tr.pooling == 4
+    assert tr.ids == n
+    assert tr.unique_ids == pytest.approx(u)
+    assert tr.pooling == 4
     assert tr.index_bytes == pytest.approx(2 * u * 64)
     assert tr.forward_bytes == pytest.approx(u * 128)
     assert tr.update_bytes == pytest.approx(u * 256)
@@ -160,7 +168,8 @@ def test_floor_ms_divides_each_kind_by_its_rate() -> None:
     assert floor_ms(tr, rates) == pytest.approx(4.0)
     assert np.isnan(floor_ms(tr, Rates(1, 10.0, {64: 2.0}, {})))  # a rate is missing
     (case,) = floor_cases([tr], [rates])
-    assert case["floor_ms"] == pytest.approx(4.0) and case["total_mb"] == pytest.approx(19.0)
+    assert case["floor_ms"] == pytest.approx(4.0)
+    assert case["total_mb"] == pytest.approx(19.0)
     assert (case["dim"], case["pooling"], case["threads"]) == (32, 8, 1)
 
 
@@ -171,8 +180,10 @@ def test_measure_bandwidth_reports_every_size_and_thread_count() -> None:
     assert [r.threads for r in rates] == [1, 2]
     for r in rates:
         assert r.stream_gb_s > 0
-        assert sorted(r.gather_gb_s) == [64, 256] and min(r.gather_gb_s.values()) > 0
-        assert sorted(r.update_gb_s) == [64, 256] and min(r.update_gb_s.values()) > 0
+        assert sorted(r.gather_gb_s) == [64, 256]
+        assert min(r.gather_gb_s.values()) > 0
+        assert sorted(r.update_gb_s) == [64, 256]
+        assert min(r.update_gb_s.values()) > 0
     with pytest.raises(ValueError, match="multiple of 64"):
         measure_bandwidth([96], [1], array_bytes=1 << 20, sample_bytes=1 << 16, reps=1)
 
@@ -215,24 +226,31 @@ def test_targets_verdicts() -> None:
     got = {(v.key, v.pooling): v for v in evaluate(results, [32], [1, 8], [1, 2])}
     # A peer counts at its best thread count; the status is judged at 2 threads.
     # FBGEMM / embstore step: L=1 best 2.5 -> 1.25, 2.5 -> PASS; L=8 best 30 -> 1.5, 3.0 -> PASS
-    assert got[("fbgemm", 1)].values == {1: 1.25, 2: 2.5} and got[("fbgemm", 1)].status == "PASS"
-    assert got[("fbgemm", 8)].values == {1: 1.5, 2: 3.0} and got[("fbgemm", 8)].status == "PASS"
+    assert got[("fbgemm", 1)].values == {1: 1.25, 2: 2.5}
+    assert got[("fbgemm", 1)].status == "PASS"
+    assert got[("fbgemm", 8)].values == {1: 1.5, 2: 3.0}
+    assert got[("fbgemm", 8)].status == "PASS"
     assert got[("fbgemm", 8)].judged_at == 2
     assert got[("fbgemm", 8)].others_cores == 0.5  # the noisiest row it reads
     assert got[("fbgemm", 1)].others_cores == 0.0  # embstore's 1-thread row is not judged
     # step / floor: L=1 1.33, 1.0 -> PASS; L=8 4.0, 2.0 -> PASS (judged at 2 threads)
-    assert got[("floor", 1)].status == "PASS" and got[("floor", 8)].status == "PASS"
+    assert got[("floor", 1)].status == "PASS"
+    assert got[("floor", 8)].status == "PASS"
     assert got[("floor", 8)].values == {1: 4.0, 2: 2.0}
     # no pandas rows: n/a, no value
-    assert got[("pandas", 1)].status == "n/a" and got[("pandas", 1)].values == {1: None, 2: None}
+    assert got[("pandas", 1)].status == "n/a"
+    assert got[("pandas", 1)].values == {1: None, 2: None}
     # embstore fwd / torch's best fwd: L=1 threshold 1.5 (0.6: 1.67, 1.33 -> PASS);
     # L=8 1.25 (3.0: 2.67, 1.33 -> MISS)
-    assert got[("torch_fwd", 1)].threshold == 1.5 and got[("torch_fwd", 1)].status == "PASS"
-    assert got[("torch_fwd", 8)].threshold == 1.25 and got[("torch_fwd", 8)].status == "MISS"
+    assert got[("torch_fwd", 1)].threshold == 1.5
+    assert got[("torch_fwd", 1)].status == "PASS"
+    assert got[("torch_fwd", 8)].threshold == 1.25
+    assert got[("torch_fwd", 8)].status == "MISS"
     assert got[("torch_fwd", 8)].values[1] == pytest.approx(8.0 / 3.0)
     # scaling: only L > 1, only N > 1 threads: 20 / 10 = 2.0 -> PASS
     assert ("scaling", 1) not in got
-    assert got[("scaling", 8)].values == {1: None, 2: 2.0} and got[("scaling", 8)].status == "PASS"
+    assert got[("scaling", 8)].values == {1: None, 2: 2.0}
+    assert got[("scaling", 8)].status == "PASS"
     # Without a 2-thread run the status is judged at the most threads run.
     only_one = evaluate(results, [32], [8], [1])
     assert {v.key: v.status for v in only_one}["floor"] == "MISS"
@@ -269,12 +287,15 @@ def test_tiny_run_report_has_summary_targets_and_floor(tiny_report: dict[str, An
     from embstore.bench import format_report
 
     text = format_report(tiny_report)
-    assert "### Summary" in text and "### Targets" in text and "### All measurements" in text
+    assert "### Summary" in text
+    assert "### Targets" in text
+    assert "### All measurements" in text
     assert "embstore step / traffic floor" in text
     assert "nosuchpeer: skipped: unknown peer" in text
     assert "traffic floor D=8 L=2" in text
     es = [r for r in tiny_report["results"] if r["peer"] == "embstore"]
-    assert len(es) == 4 and all(r["floor_ms"] > 0 and r["floor_ratio"] > 0 for r in es)
+    assert len(es) == 4
+    assert all(r["floor_ms"] > 0 and r["floor_ratio"] > 0 for r in es)
     assert all(r["floor_ratio"] is None for r in tiny_report["results"] if r["peer"] != "embstore")
 
 
@@ -284,8 +305,10 @@ def test_passes_pool_every_pass_and_rotate_the_peer_order(tiny_report: dict[str,
     from embstore.bench.runner import _rotated
 
     for r in tiny_report["results"]:  # 2 passes x 2 timed batches, a median per pass
-        assert r["timed_batches"] == 4 and len(r["forward_ms_all"]) == 4
-        assert len(r["pass_step_ms"]) == 2 and all(x > 0 for x in r["pass_step_ms"])
+        assert r["timed_batches"] == 4
+        assert len(r["forward_ms_all"]) == 4
+        assert len(r["pass_step_ms"]) == 2
+        assert all(x > 0 for x in r["pass_step_ms"])
     # Verified once per (peer, D, L, threads), not once per pass.
     assert len(tiny_report["verification"]) == 2 * 2 + 2
     text = format_report(tiny_report)
@@ -426,7 +449,8 @@ def test_w3_runner_reports_throughput_latency_and_contention_per_k() -> None:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     header = next(line for line in lines if line.startswith("| K |"))
-    assert "read tasks redone" in header and "lock waits (total wait)" in header
+    assert "read tasks redone" in header
+    assert "lock waits (total wait)" in header
     rows = {
         line.split("|")[1].strip(): line.split("|")[2:-1]
         for line in lines[1:]
@@ -438,8 +462,11 @@ def test_w3_runner_reports_throughput_latency_and_contention_per_k() -> None:
         median, spread = ids_per_s.split(" M (")
         low, high = (float(x) for x in spread.removesuffix(")").split("-"))
         assert 0 < low <= float(median) <= high
-        assert " / " in fwd and int(calls) > 0 and int(redone) >= 0
-        assert int(waits.split(" (")[0]) >= 0 and waits.endswith(" ms)")
+        assert " / " in fwd
+        assert int(calls) > 0
+        assert int(redone) >= 0
+        assert int(waits.split(" (")[0]) >= 0
+        assert waits.endswith(" ms)")
         assert apply == "-" if k == "1" else " / " in apply  # K=1 runs forward callers only
 
 
@@ -457,23 +484,29 @@ def test_churn_and_readonly_runner_reports_w2_and_interleaved_w4() -> None:
     step = float(w2.split("step median ")[1].split(" ms")[0])
     ratio = float(w2.split(" ms = ")[1].split("x the W1 step")[0])
     hit_rate = float(w2.split("hit rate ")[1].split(",")[0])
-    assert step > 0 and ratio > 0 and 0 < hit_rate < 1  # capacity U/4: some ids miss
-    assert "RSS after batch 12 " in w2 and w2.endswith(" MiB")
+    assert step > 0
+    assert ratio > 0
+    assert 0 < hit_rate < 1
+    assert "RSS after batch 12 " in w2
+    assert w2.endswith(" MiB")
     p50 = float(w4.split("P50 ")[1].split(" ms")[0])
     p99 = float(w4.split("P99 ")[1].split(" ms")[0])
     miss_rate = float(w4.rsplit("miss rate ", 1)[1])
-    assert 0 < p50 <= p99 and 0.02 < miss_rate < 0.3
+    assert 0 < p50 <= p99
+    assert 0.02 < miss_rate < 0.3
     if "torch not installed" in w4:
         return
     versus = float(w4.split(" = ")[1].split("x torch's")[0])
     low, high = (float(x) for x in w4.split("per round ")[1].split("x over")[0].split("-"))
-    assert versus > 0 and 0 < low <= high
+    assert versus > 0
+    assert 0 < low <= high
     assert "over 2 interleaved rounds" in w4
 
 
 def test_churn_and_readonly_runner_rejects_no_rounds() -> None:
     out = run_bench_script("churn_and_readonly.py", "--w4-rounds", "0", timeout=60)
-    assert out.returncode == 2 and "--w4-rounds must be at least 1" in out.stderr
+    assert out.returncode == 2
+    assert "--w4-rounds must be at least 1" in out.stderr
 
 
 # --------------------------------------------------------------------------------------
@@ -543,10 +576,13 @@ def test_results_page_tables_and_ratios_come_from_the_json(
     wpath = tmp_path / "workloads.json"
     wpath.write_text(json.dumps(work))
     reports, workloads = load_results([str(path), str(wpath)])
-    assert len(reports) == 1 and len(workloads) == 1
+    assert len(reports) == 1
+    assert len(workloads) == 1
     page = results_page(reports, workloads, "CMD")
     assert "<!-- Generated by `CMD`" in page
-    assert "## How to run" in page and "## Method" in page and "## W1: training step" in page
+    assert "## How to run" in page
+    assert "## Method" in page
+    assert "## W1: training step" in page
     # The W1 table: one line per (D, L, threads), numpy's step and its ratio to embstore's.
     rows = _table_rows(page, "D")
     assert [(int(r[0]), int(r[1]), int(r[2])) for r in rows] == [

@@ -50,7 +50,7 @@ class Timing:
     @property
     def step(self) -> list[float]:
         """Forward plus backward of the same batch."""
-        return [f + b for f, b in zip(self.forward, self.backward)]
+        return [f + b for f, b in zip(self.forward, self.backward, strict=True)]
 
     def add_pass(self, other: Timing) -> None:
         """Pool another pass's batches into this timing (others: the larger of the two)."""
