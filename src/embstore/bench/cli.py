@@ -45,7 +45,7 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
     p = argparse.ArgumentParser(
         prog=prog,
         description=(
-            "Run WORKLOADS.md W1 (pooled training step on warm tables) for embstore and its "
+            "Run W1 (the pooled training step on warm tables, bench/README.md) for embstore and its "
             "peers, verify every peer against numpy, and print one markdown table. The "
             f"default is a quick run (U={quick.universe:,}, {quick.batches} timed batches); "
             f"--full is the canonical size (U={full.universe:,}, {full.batches} timed batches)."

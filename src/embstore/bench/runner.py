@@ -128,7 +128,7 @@ class BenchConfig:
 
     @classmethod
     def full(cls) -> BenchConfig:
-        """WORKLOADS.md W1 at full size: T=8, U=1e6, B=2048, D=32, L 1 and 8, three passes."""
+        """W1 at full size: T=8, U=1e6, B=2048, D=32, L 1 and 8, three passes."""
         return cls(universe=1_000_000, batches=20, warmup=5, passes=3)
 
 
