@@ -60,8 +60,9 @@ METHOD = """\
 - **Warm tables.** Every peer holds all U ids of every table before timing (embstore:
   tables of capacity U, no eviction). Adagrad, lr 0.01, eps 1e-8, element-wise.
 - **Verified before timed.** On the first batch each peer's forward must equal the in-order
-  float32 sum of its rows, and one backward must equal a numpy Adagrad step (8 ulp); a
-  mismatch aborts the run. embstore is bit-exact.
+  float32 sum of its rows, and one backward must equal a numpy Adagrad step (within 8 ulp,
+  wider only where a duplicate sum is ill-conditioned); a mismatch aborts the run. embstore
+  is bit-exact.
 - **Timed.** After warm-up steps, each timed batch runs forward then backward
   (`time.perf_counter`, garbage collector off). Reported: medians of forward, backward and
   step (= forward + backward of the same batch). `--full` runs 3 passes, each building every
@@ -84,8 +85,8 @@ METHOD = """\
 | `fbgemm` (FBGEMM CPU TBE, dense) | one `SplitTableBatchedEmbeddingBagsCodegen` for all tables | `out.backward(grad)`: fused `EXACT_ADAGRAD` |
 | `pandas` (hashed store) | `pd.Index(ids).get_indexer(keys)`, then as numpy | `get_indexer` again, then as numpy |
 
-numpy and pandas are single-threaded: they are measured once per (D, L) and shown in each
-thread group (`1*`, `2*`).
+numpy and pandas are single-threaded: they are measured once per (D, L) and their step is
+repeated on each thread count's row, so its ratio compares with embstore at that count.
 """
 
 TARGETS_NOTE = """\
