@@ -440,13 +440,27 @@ def run_bench_script(name: str, *args: str, timeout: int = 300) -> subprocess.Co
     )
 
 
-def test_w3_runner_reports_throughput_latency_and_contention_per_k() -> None:
+def test_w3_runner_reports_throughput_latency_and_contention_per_k(tmp_path: Path) -> None:
     """bench/w3_callers.py at a tiny size: one row per K with the median ids/s of its
     interleaved rounds and their range, each call type's P50 / P99, and the contention
-    columns (calls, read tasks redone, lock waits)."""
-    args = ["--tables", "2", "--universe", "4096", "--seconds", "0.4", "--rounds", "2"]
-    out = run_bench_script("w3_callers.py", *args, "--threads", "1,2")
+    columns (calls, read tasks redone, lock waits); --json writes K=8 against K=2 for the
+    results page."""
+    from embstore.bench.page import results_page
+    from embstore.bench.results_io import load_results
+
+    args = ["--tables", "2", "--universe", "4096", "--seconds", "0.6", "--rounds", "2"]
+    path = tmp_path / "w3.json"
+    out = run_bench_script("w3_callers.py", *args, "--threads", "1,2,8", "--json", str(path))
     assert out.returncode == 0, out.stderr
+    _, (work,) = load_results([str(path)])
+    (entry,) = work["w3"]
+    assert entry["k8_m_ids_per_s"] > 0
+    assert entry["k2_m_ids_per_s"] > 0
+    assert entry["worst_p99_over_p50"] >= 1
+    ratio = entry["k8_m_ids_per_s"] / entry["k2_m_ids_per_s"]
+    assert f"| {entry['k8_m_ids_per_s']:.2f} | {entry['k2_m_ids_per_s']:.2f} | {ratio:.2f}x |" in (
+        results_page([], [work], "CMD")
+    )
     lines = out.stdout.splitlines()
     header = next(line for line in lines if line.startswith("| K |"))
     assert "read tasks redone" in header
@@ -454,9 +468,9 @@ def test_w3_runner_reports_throughput_latency_and_contention_per_k() -> None:
     rows = {
         line.split("|")[1].strip(): line.split("|")[2:-1]
         for line in lines[1:]
-        if line[:3] in ("| 1", "| 2")
+        if line[:3] in ("| 1", "| 2", "| 8")
     }
-    assert set(rows) == {"1", "2"}
+    assert set(rows) == {"1", "2", "8"}
     for k, cells in rows.items():
         ids_per_s, fwd, apply, calls, redone, waits = (c.strip() for c in cells)
         median, spread = ids_per_s.split(" M (")
@@ -470,15 +484,23 @@ def test_w3_runner_reports_throughput_latency_and_contention_per_k() -> None:
         assert apply == "-" if k == "1" else " / " in apply  # K=1 runs forward callers only
 
 
-def test_churn_and_readonly_runner_reports_w2_and_interleaved_w4() -> None:
+def test_churn_and_readonly_runner_reports_w2_and_interleaved_w4(tmp_path: Path) -> None:
     """bench/churn_and_readonly.py at a small size (a batch's distinct ids fit in U/4):
     W2's step against the same run's W1 step, its hit rate and RSS; W4's latency,
     throughput and miss rate (about the 10% of ids left out of the warm-up), and with torch
     installed the ratio to torch's forward with the range of its per-round ratios over the
     interleaved rounds."""
+    from embstore.bench.results_io import load_results
+
     args = ["--tables", "2", "--universe", "20000", "--batches", "12", "--w4-rounds", "2"]
-    out = run_bench_script("churn_and_readonly.py", *args)
+    out = run_bench_script("churn_and_readonly.py", *args, "--json", str(tmp_path / "w.json"))
     assert out.returncode == 0, out.stderr
+    _, (work,) = load_results([str(tmp_path / "w.json")])
+    (w2,), (w4,) = work["w2"], work["w4"]
+    assert w2["w2_step_ms"][0] > 0
+    assert 0 < w2["hit_rate"] < 1
+    assert w4["m_ids_per_s"][0] > 0
+    assert len(w4["torch_m_ids_per_s"]) in (0, 1)
     w2 = next(line for line in out.stdout.splitlines() if line.startswith("W2 "))
     w4 = next(line for line in out.stdout.splitlines() if line.startswith("W4 "))
     step = float(w2.split("step median ")[1].split(" ms")[0])

@@ -192,11 +192,13 @@ def workloads_sections(work: dict[str, Any], labels: Labels) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for e in work.get("w4", []):
-        ratios = [a / b for a, b in zip(e["m_ids_per_s"], e["torch_m_ids_per_s"], strict=True)]
+        torch_rates = e.get("torch_m_ids_per_s") or []
+        same = len(torch_rates) == len(e["m_ids_per_s"])
+        ratios = [a / b for a, b in zip(e["m_ids_per_s"], torch_rates, strict=True)] if same else []
         out.append(
             f"| {_label(e['machine'], lab)} | {e['commit']} | "
             f"{', '.join(f'{x:.1f}' for x in e['m_ids_per_s'])} | "
-            f"{', '.join(f'{x:.1f}' for x in e['torch_m_ids_per_s'])} | {_runs(ratios)} | "
+            f"{', '.join(f'{x:.1f}' for x in torch_rates) or '-'} | {_runs(ratios) or 'n/a'} | "
             f"{_span(e['p50_ms'])} | {_span(e['p99_ms'])} | {e['miss_rate']:.3f} |"
         )
     return out + checkpoint_section(work, lab) + optimizer_section(work, lab)
@@ -245,6 +247,18 @@ def optimizer_section(work: dict[str, Any], lab: Labels) -> list[str]:
             f"{r['backward_ms']:.2f} | {r['step_ms']:.2f} |"
         )
     return out
+
+
+def merge_workloads(workloads: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Several workloads files as one: their entries in file order, the last optimizer table."""
+    merged: dict[str, Any] = {"machines": {}}
+    for w in workloads:
+        merged["machines"].update(w.get("machines", {}))
+        for key in ("w2", "w3", "w4", "checkpoint"):
+            merged.setdefault(key, []).extend(w.get(key, []))
+        if w.get("optimizers"):
+            merged["optimizers"] = w["optimizers"]
+    return merged
 
 
 def readme_table(reports: Sequence[Report], labels: Labels | None = None) -> str:
@@ -304,7 +318,7 @@ def results_page(
         *memory_section(groups, labels),
         "",
     ]
-    for w in workloads:
-        out += [*workloads_sections(w, labels), ""]
+    if workloads:
+        out += [*workloads_sections(merge_workloads(workloads), labels), ""]
     out += [page_text.HOW_TO_RUN, page_text.METHOD, page_text.MICRO]
     return "\n".join(out).rstrip() + "\n"

@@ -30,8 +30,8 @@ python -m embstore bench --full                 # W1 at full size, 3 passes (~2 
 python -m embstore bench --full --dim 128       # ~4 min, 9 GiB
 python -m embstore bench --full --json w1.json --plot w1.png
 python -m embstore bench --help                 # every flag
-python bench/churn_and_readonly.py              # W2 and W4
-python bench/w3_callers.py                      # W3
+python bench/churn_and_readonly.py --json w2_w4.json   # W2 and W4
+python bench/w3_callers.py --json w3.json       # W3
 python bench/checkpoint.py                      # save / load throughput
 python bench/optimizers.py                      # W1 step per optimizer
 python -m pytest bench                          # microbenchmarks (pytest-benchmark)
@@ -47,8 +47,10 @@ pip install --no-deps fbgemm-gpu-cpu==1.8.0     # the FBGEMM peer, built for tor
 FBGEMM's wheel must match the installed torch exactly and pins other versions of torch's
 dependencies, hence `--no-deps`; neither torch nor FBGEMM is a dependency of embstore.
 
-To regenerate this page after a run, add the run's JSON to `bench/results/` (one file per
-machine and D) and run the command in the comment at the top with the new file list.
+To regenerate this page after a run, add its JSON to `bench/results/` (a W1 report per
+machine and D; the W2-W4 scripts' `--json` files) and run the command in the comment at the
+top with the new file list. `workloads.json` holds the figures of runs made before those
+scripts wrote JSON, copied from their printed output.
 """
 
 METHOD = """\

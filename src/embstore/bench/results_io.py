@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from embstore.bench.env import environment
+
 #: The ``kind`` of a JSON file holding W2, W3, W4, checkpoint and optimizer figures.
 WORKLOADS_KIND = "embstore-bench-workloads"
 
@@ -61,3 +63,15 @@ def load_results(paths: list[str]) -> tuple[list[dict[str, Any]], list[dict[str,
             msg = f"{path}: {exc}"
             raise ValueError(msg) from exc
     return reports, workloads
+
+
+def workloads_record(**sections: list[dict[str, Any]]) -> dict[str, Any]:
+    """A workloads file for one run of a bench script (``--json``): each section's entries
+    (``w2``, ``w3``, ``w4``, ...) stamped with this machine's CPU, the commit and the date,
+    ready for ``--from-json ... --markdown``."""
+    env = environment()
+    stamp = {"machine": env["cpu"], "commit": env["commit"], "date": str(env["date"])[:10]}
+    return {
+        "kind": WORKLOADS_KIND,
+        **{name: [{**stamp, **e} for e in entries] for name, entries in sections.items()},
+    }
