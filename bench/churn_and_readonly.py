@@ -1,6 +1,6 @@
-"""WORKLOADS.md W2 (eviction churn) and W4 (read-only lookup with misses), embstore alone.
+"""W2 (eviction churn) and W4 (read-only lookup with misses) of bench/README.md.
 
-``PYTHONPATH=src python bench/churn_and_readonly.py [--universe U] [--batches N]``
+``python bench/churn_and_readonly.py [--universe U] [--batches N] [--json PATH]``
 
 - W2: as W1 (L=8, D=32) but each table has capacity U/4 and starts empty: every miss
   inserts, and full shards evict by CLOCK. Reports the median step after batch 200, the hit
@@ -21,9 +21,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +42,7 @@ from embstore.bench import (
     splitmix64,
 )
 from embstore.bench.peer_torch import import_torch, set_torch_threads
+from embstore.bench.results_io import workloads_record
 
 #: Batches timed for W1's reference step, each time it is measured, after 5 untimed ones.
 W1_REFERENCE_BATCHES = 40
@@ -132,35 +136,12 @@ def torch_forwards(
     return {f"torch {n}T": at(n) for n in sorted({1, threads})}, close
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tables", type=int, default=8)
-    p.add_argument("--universe", type=int, default=1_000_000)
-    p.add_argument("--batches", type=int, default=1000)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument(
-        "--w4-rounds",
-        type=int,
-        default=W4_ROUNDS,
-        help=f"W4's interleaved timed rounds (default {W4_ROUNDS})",
-    )
-    p.add_argument(
-        "--omp-wait-policy",
-        choices=("torch-default", "active", "passive"),
-        default="torch-default",
-        help="torch's OpenMP workers' wait (W4's peer), as in the W1 runner (default: "
-        "torch's own; 'passive' slows its 2-thread forward on a quiet machine)",
-    )
-    args = p.parse_args()
-    if args.w4_rounds < 1:
-        p.error("--w4-rounds must be at least 1")
-    apply_omp_wait_policy(args.omp_wait_policy)  # before torch is imported
-    T, U = args.tables, args.universe
-    tables = make_tables(T, U)
-
+def run_w2(args: argparse.Namespace, tables: list[TableData]) -> dict[str, Any]:
+    """W2 on empty tables of capacity U/4, held to W1 steps timed before and after it in
+    this process; prints its line and returns its workloads-file entry."""
     wl = make_workload(
-        num_tables=T,
-        universe=U,
+        num_tables=args.tables,
+        universe=args.universe,
         batch_size=2048,
         pooling=8,
         dim=32,
@@ -168,7 +149,9 @@ def main() -> None:
         tables=tables,
     )
     w1_steps = w1_reference_steps(tables, wl.batches, wl.grads, args.threads)
-    group = embstore_tables(tables, 32, capacity=U // 4, threads=args.threads, warm=False)
+    group = embstore_tables(
+        tables, 32, capacity=args.universe // 4, threads=args.threads, warm=False
+    )
     g, names = embstore.TableGroup(group), list(group)
     steps, rss_200 = [], 0
     start = time.perf_counter()
@@ -192,10 +175,22 @@ def main() -> None:
         f"RSS after batch {min(200, args.batches)} {rss_200 / 2**20:.0f} MiB, "
         f"at the end {rss_end / 2**20:.0f} MiB"
     )
+    rate = evictions / elapsed / 1e6
+    return {
+        "w2_step_ms": [round(w2_ms, 2)],
+        "w1_step_ms": [round(w1_ms, 2)],
+        "hit_rate": round(hits / (hits + misses), 3),
+        "evictions_m_per_s": [round(rate, 2), round(rate, 2)],
+        "rss_mib": sorted([round(rss_200 / 2**20), round(rss_end / 2**20)]),
+    }
 
+
+def run_w4(args: argparse.Namespace, tables: list[TableData]) -> dict[str, Any]:
+    """W4, embstore and torch's forward in interleaved rounds; prints its line and returns
+    its workloads-file entry."""
     wl4 = make_workload(
-        num_tables=T,
-        universe=U,
+        num_tables=args.tables,
+        universe=args.universe,
         batch_size=2048,
         pooling=1,
         dim=32,
@@ -227,7 +222,14 @@ def main() -> None:
     for t in group.values():
         t.close()
     ms = np.concatenate(times["embstore"]) * 1e3
-    p50 = float(np.median(ms))
+    p50, p99 = float(np.median(ms)), float(np.percentile(ms, 99))
+    entry: dict[str, Any] = {
+        "m_ids_per_s": [round(n_ids / p50 * 1e3 / 1e6, 1)],
+        "torch_m_ids_per_s": [],
+        "p50_ms": [round(p50, 2), round(p50, 2)],
+        "p99_ms": [round(p99, 2), round(p99, 2)],
+        "miss_rate": round(d_miss / d_all, 3),
+    }
     if not torch_peers:
         versus = "torch not installed: no peer"
     else:
@@ -238,6 +240,7 @@ def main() -> None:
             / float(np.median(times["embstore"][r]))
             for r in range(args.w4_rounds)
         ]
+        entry["torch_m_ids_per_s"] = [round(n_ids / torch_ms * 1e3 / 1e6, 1)]
         versus = (
             f"{torch_ms / p50:.2f}x torch's dense embedding_bag forward in this run "
             f"({n_ids / torch_ms * 1e3 / 1e6:.1f} M ids/s, median {torch_ms:.2f} ms; target "
@@ -246,9 +249,47 @@ def main() -> None:
         )
     print(
         f"W4 (read-only, L=1, D=32, {args.threads} threads, 10% of ids never inserted): "
-        f"P50 {p50:.2f} ms, P99 {np.percentile(ms, 99):.2f} ms, "
+        f"P50 {p50:.2f} ms, P99 {p99:.2f} ms, "
         f"{n_ids / p50 * 1e3 / 1e6:.1f} M ids/s = {versus}, miss rate {d_miss / d_all:.3f}"
     )
+    return entry
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tables", type=int, default=8)
+    p.add_argument("--universe", type=int, default=1_000_000)
+    p.add_argument("--batches", type=int, default=1000)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--w4-rounds",
+        type=int,
+        default=W4_ROUNDS,
+        help=f"W4's interleaved timed rounds (default {W4_ROUNDS})",
+    )
+    p.add_argument(
+        "--omp-wait-policy",
+        choices=("torch-default", "active", "passive"),
+        default="torch-default",
+        help="torch's OpenMP workers' wait (W4's peer), as in the W1 runner (default: "
+        "torch's own; 'passive' slows its 2-thread forward on a quiet machine)",
+    )
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write W2's and W4's figures for the results page "
+        "(python -m embstore bench --from-json ... --markdown)",
+    )
+    args = p.parse_args()
+    if args.w4_rounds < 1:
+        p.error("--w4-rounds must be at least 1")
+    apply_omp_wait_policy(args.omp_wait_policy)  # before torch is imported
+    tables = make_tables(args.tables, args.universe)
+    w2 = run_w2(args, tables)
+    w4 = run_w4(args, tables)
+    if args.json:
+        record = workloads_record(w2=[w2], w4=[w4])
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

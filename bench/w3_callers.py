@@ -1,11 +1,11 @@
-"""WORKLOADS.md W3: K Python threads call one TableGroup at once (a PS server's view).
+"""W3 of bench/README.md: K Python threads call one TableGroup at once (a PS server's view).
 
-``PYTHONPATH=src python bench/w3_callers.py [--universe U] [--seconds S] [--rounds R]
-[--threads 1,2,4,8]``
+``python bench/w3_callers.py [--universe U] [--seconds S] [--rounds R] [--threads 1,2,4,8]
+[--json PATH]``
 
 As W1 (L=8, D=32, 8 warm tables), but K caller threads run for a fixed time each with its
 own batches: even-numbered threads do forward lookups, odd ones apply gradients. Prints the
-aggregate ids/s and each call type's P50/P99 latency per K. Targets (DESIGN.md): throughput
+aggregate ids/s and each call type's P50/P99 latency per K. Targets: throughput
 does not fall as K grows past the core count; P99 <= 3x P50.
 
 Each K runs ``--rounds`` times for ``--seconds / --rounds`` each, the K values interleaved
@@ -17,14 +17,54 @@ of its rounds (the range follows); latencies pool every call of that K.
 from __future__ import annotations
 
 import argparse
+import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import embstore
 from embstore.bench import embstore_tables, make_tables, make_workload
+from embstore.bench.results_io import workloads_record
+
+
+def row(k_threads: int, rounds: list[dict[str, Any]]) -> str:
+    """One table row: K, the median ids/s of its rounds, each call type's P50 / P99 (ms), and
+    the contention counters."""
+    rates = [r["ids_per_s"] / 1e6 for r in rounds]
+    spread = f" ({min(rates):.2f}-{max(rates):.2f})" if len(rates) > 1 else ""
+    line = f"| {k_threads} | {np.median(rates):.2f} M{spread} |"
+    calls = 0
+    for kind in ("fwd", "apply"):
+        v = np.array([x for r in rounds for x in r["latencies"][kind]]) * 1e3
+        calls += v.size
+        line += f" {np.median(v):.1f} / {np.percentile(v, 99):.1f} |" if v.size else " - |"
+    retries, waits, wait_ms = (sum(r["contention"][i] for r in rounds) for i in range(3))
+    return line + f" {calls} | {retries} | {waits} ({wait_ms:.0f} ms) |"
+
+
+def w3_entry(results: dict[int, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """The results page's W3 figures (K=8 against K=2, the worst P99 / P50 of any K and call
+    type), or None when the run lacks K=2 or K=8."""
+    if 2 not in results or 8 not in results:
+        return None
+    worst = 0.0
+    for rounds in results.values():
+        for kind in ("fwd", "apply"):
+            v = np.array([x for r in rounds for x in r["latencies"][kind]])
+            if v.size:
+                worst = max(worst, float(np.percentile(v, 99) / np.median(v)))
+
+    def rate(k: int) -> float:
+        return round(float(np.median([r["ids_per_s"] for r in results[k]])) / 1e6, 2)
+
+    return {
+        "k8_m_ids_per_s": rate(8),
+        "k2_m_ids_per_s": rate(2),
+        "worst_p99_over_p50": round(worst, 2),
+    }
 
 
 def main() -> None:
@@ -35,6 +75,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per K")
     p.add_argument("--threads", default="1,2,4,8", help="caller counts K")
     p.add_argument("--core-threads", type=int, default=2, help="each table's num_threads")
+    p.add_argument("--json", metavar="PATH", help="also write K=8 / K=2 for the results page")
     args = p.parse_args()
     tables = make_tables(args.tables, args.universe)
     wl = make_workload(
@@ -101,18 +142,6 @@ def main() -> None:
             "contention": [a - b for a, b in zip(after, before)],
         }
 
-    def row(k_threads: int, rounds: list[dict[str, Any]]) -> str:
-        rates = [r["ids_per_s"] / 1e6 for r in rounds]
-        spread = f" ({min(rates):.2f}-{max(rates):.2f})" if len(rates) > 1 else ""
-        line = f"| {k_threads} | {np.median(rates):.2f} M{spread} |"
-        calls = 0
-        for kind in ("fwd", "apply"):
-            v = np.array([x for r in rounds for x in r["latencies"][kind]]) * 1e3
-            calls += v.size
-            line += f" {np.median(v):.1f} / {np.percentile(v, 99):.1f} |" if v.size else " - |"
-        retries, waits, wait_ms = (sum(r["contention"][i] for r in rounds) for i in range(3))
-        return line + f" {calls} | {retries} | {waits} ({wait_ms:.0f} ms) |"
-
     print(
         f"W3: T={args.tables} U={args.universe:,} L=8 D=32, tables num_threads="
         f"{args.core_threads}, {args.seconds:g} s per K in {args.rounds} interleaved rounds\n"
@@ -129,6 +158,9 @@ def main() -> None:
             results[k].append(run(k, args.seconds / args.rounds))
     for k in ks:
         print(row(k, results[k]), flush=True)
+    entry = w3_entry(results)
+    if args.json and entry is not None:
+        Path(args.json).write_text(json.dumps(workloads_record(w3=[entry]), indent=1) + "\n")
 
 
 if __name__ == "__main__":

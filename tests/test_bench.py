@@ -43,9 +43,11 @@ def test_tbe_inputs_are_table_major(pooling: int) -> None:
     batch = wl.batches[0]
     indices, offsets = tbe_inputs(batch)
     b, n = batch.batch_size, batch.batch_size * pooling
-    assert indices.dtype == np.int64 and offsets.dtype == np.int64
+    assert indices.dtype == np.int64
+    assert offsets.dtype == np.int64
     assert offsets.shape == (len(batch.rows) * b + 1,)
-    assert offsets[0] == 0 and offsets[-1] == indices.shape[0] == len(batch.rows) * n
+    assert offsets[0] == 0
+    assert offsets[-1] == indices.shape[0] == len(batch.rows) * n
     for t, rows in enumerate(batch.rows):
         for bag in (0, 1, b - 1):
             lo, hi = offsets[t * b + bag], offsets[t * b + bag + 1]
@@ -63,7 +65,8 @@ def test_fbgemm_unavailable_names_the_install_line(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(mod, "import_fbgemm", missing)
     why = FbgemmTbePeer.unavailable()
-    assert why is not None and why.startswith("skipped")
+    assert why is not None
+    assert why.startswith("skipped")
     assert FBGEMM_INSTALL in why
 
 
@@ -88,13 +91,15 @@ def test_fbgemm_peer_matches_numpy(pooling: int, dim: int, threads: int) -> None
         np.testing.assert_array_equal(
             w0, wl.tables[0].initial_rows(dim, seed=0)[wl.batches[0].rows[0]]
         )
-        assert acc0 is not None and not acc0.any()
+        assert acc0 is not None
+        assert not acc0.any()
         peer.prepare(wl.batches[:2], wl.grads)  # the last batches go unprepared
         for batch in wl.batches:
             res = verify_peer(peer, batch, wl.grads)
             assert res["forward_max_abs_err"] <= 1e-6
         _, acc = peer.read_rows(0, wl.batches[-1])
-        assert acc is not None and acc.any()
+        assert acc is not None
+        assert acc.any()
     finally:
         peer.close()
 
@@ -108,7 +113,8 @@ def test_row_sizes_and_line_words() -> None:
     """Rates are measured for index lines, weight rows and whole Adagrad rows, in lines."""
     from embstore.bench.floor import embstore_row_bytes, line_words, row_sizes
 
-    assert embstore_row_bytes(32) == 256 and embstore_row_bytes(30) == 240
+    assert embstore_row_bytes(32) == 256
+    assert embstore_row_bytes(30) == 240
     assert row_sizes([32, 128]) == [64, 128, 256, 512, 1024]
     assert row_sizes([30]) == [64, 128, 256]  # 120-byte weights, 240-byte rows: in lines
     np.testing.assert_array_equal(
@@ -127,7 +133,9 @@ def test_step_traffic_counts_embstore_bytes() -> None:
     u = np.mean([sum(np.unique(k).shape[0] for k in b.keys) for b in wl.batches])
     assert unique_ids(wl.batches) == pytest.approx(u)
     n = 3 * 64 * 4
-    assert tr.ids == n and tr.unique_ids == pytest.approx(u) and tr.pooling == 4
+    assert tr.ids == n
+    assert tr.unique_ids == pytest.approx(u)
+    assert tr.pooling == 4
     assert tr.index_bytes == pytest.approx(2 * u * 64)
     assert tr.forward_bytes == pytest.approx(u * 128)
     assert tr.update_bytes == pytest.approx(u * 256)
@@ -160,7 +168,8 @@ def test_floor_ms_divides_each_kind_by_its_rate() -> None:
     assert floor_ms(tr, rates) == pytest.approx(4.0)
     assert np.isnan(floor_ms(tr, Rates(1, 10.0, {64: 2.0}, {})))  # a rate is missing
     (case,) = floor_cases([tr], [rates])
-    assert case["floor_ms"] == pytest.approx(4.0) and case["total_mb"] == pytest.approx(19.0)
+    assert case["floor_ms"] == pytest.approx(4.0)
+    assert case["total_mb"] == pytest.approx(19.0)
     assert (case["dim"], case["pooling"], case["threads"]) == (32, 8, 1)
 
 
@@ -171,8 +180,10 @@ def test_measure_bandwidth_reports_every_size_and_thread_count() -> None:
     assert [r.threads for r in rates] == [1, 2]
     for r in rates:
         assert r.stream_gb_s > 0
-        assert sorted(r.gather_gb_s) == [64, 256] and min(r.gather_gb_s.values()) > 0
-        assert sorted(r.update_gb_s) == [64, 256] and min(r.update_gb_s.values()) > 0
+        assert sorted(r.gather_gb_s) == [64, 256]
+        assert min(r.gather_gb_s.values()) > 0
+        assert sorted(r.update_gb_s) == [64, 256]
+        assert min(r.update_gb_s.values()) > 0
     with pytest.raises(ValueError, match="multiple of 64"):
         measure_bandwidth([96], [1], array_bytes=1 << 20, sample_bytes=1 << 16, reps=1)
 
@@ -215,24 +226,31 @@ def test_targets_verdicts() -> None:
     got = {(v.key, v.pooling): v for v in evaluate(results, [32], [1, 8], [1, 2])}
     # A peer counts at its best thread count; the status is judged at 2 threads.
     # FBGEMM / embstore step: L=1 best 2.5 -> 1.25, 2.5 -> PASS; L=8 best 30 -> 1.5, 3.0 -> PASS
-    assert got[("fbgemm", 1)].values == {1: 1.25, 2: 2.5} and got[("fbgemm", 1)].status == "PASS"
-    assert got[("fbgemm", 8)].values == {1: 1.5, 2: 3.0} and got[("fbgemm", 8)].status == "PASS"
+    assert got[("fbgemm", 1)].values == {1: 1.25, 2: 2.5}
+    assert got[("fbgemm", 1)].status == "PASS"
+    assert got[("fbgemm", 8)].values == {1: 1.5, 2: 3.0}
+    assert got[("fbgemm", 8)].status == "PASS"
     assert got[("fbgemm", 8)].judged_at == 2
     assert got[("fbgemm", 8)].others_cores == 0.5  # the noisiest row it reads
     assert got[("fbgemm", 1)].others_cores == 0.0  # embstore's 1-thread row is not judged
     # step / floor: L=1 1.33, 1.0 -> PASS; L=8 4.0, 2.0 -> PASS (judged at 2 threads)
-    assert got[("floor", 1)].status == "PASS" and got[("floor", 8)].status == "PASS"
+    assert got[("floor", 1)].status == "PASS"
+    assert got[("floor", 8)].status == "PASS"
     assert got[("floor", 8)].values == {1: 4.0, 2: 2.0}
     # no pandas rows: n/a, no value
-    assert got[("pandas", 1)].status == "n/a" and got[("pandas", 1)].values == {1: None, 2: None}
+    assert got[("pandas", 1)].status == "n/a"
+    assert got[("pandas", 1)].values == {1: None, 2: None}
     # embstore fwd / torch's best fwd: L=1 threshold 1.5 (0.6: 1.67, 1.33 -> PASS);
     # L=8 1.25 (3.0: 2.67, 1.33 -> MISS)
-    assert got[("torch_fwd", 1)].threshold == 1.5 and got[("torch_fwd", 1)].status == "PASS"
-    assert got[("torch_fwd", 8)].threshold == 1.25 and got[("torch_fwd", 8)].status == "MISS"
+    assert got[("torch_fwd", 1)].threshold == 1.5
+    assert got[("torch_fwd", 1)].status == "PASS"
+    assert got[("torch_fwd", 8)].threshold == 1.25
+    assert got[("torch_fwd", 8)].status == "MISS"
     assert got[("torch_fwd", 8)].values[1] == pytest.approx(8.0 / 3.0)
     # scaling: only L > 1, only N > 1 threads: 20 / 10 = 2.0 -> PASS
     assert ("scaling", 1) not in got
-    assert got[("scaling", 8)].values == {1: None, 2: 2.0} and got[("scaling", 8)].status == "PASS"
+    assert got[("scaling", 8)].values == {1: None, 2: 2.0}
+    assert got[("scaling", 8)].status == "PASS"
     # Without a 2-thread run the status is judged at the most threads run.
     only_one = evaluate(results, [32], [8], [1])
     assert {v.key: v.status for v in only_one}["floor"] == "MISS"
@@ -269,12 +287,15 @@ def test_tiny_run_report_has_summary_targets_and_floor(tiny_report: dict[str, An
     from embstore.bench import format_report
 
     text = format_report(tiny_report)
-    assert "### Summary" in text and "### Targets" in text and "### All measurements" in text
+    assert "### Summary" in text
+    assert "### Targets" in text
+    assert "### All measurements" in text
     assert "embstore step / traffic floor" in text
     assert "nosuchpeer: skipped: unknown peer" in text
     assert "traffic floor D=8 L=2" in text
     es = [r for r in tiny_report["results"] if r["peer"] == "embstore"]
-    assert len(es) == 4 and all(r["floor_ms"] > 0 and r["floor_ratio"] > 0 for r in es)
+    assert len(es) == 4
+    assert all(r["floor_ms"] > 0 and r["floor_ratio"] > 0 for r in es)
     assert all(r["floor_ratio"] is None for r in tiny_report["results"] if r["peer"] != "embstore")
 
 
@@ -284,8 +305,10 @@ def test_passes_pool_every_pass_and_rotate_the_peer_order(tiny_report: dict[str,
     from embstore.bench.runner import _rotated
 
     for r in tiny_report["results"]:  # 2 passes x 2 timed batches, a median per pass
-        assert r["timed_batches"] == 4 and len(r["forward_ms_all"]) == 4
-        assert len(r["pass_step_ms"]) == 2 and all(x > 0 for x in r["pass_step_ms"])
+        assert r["timed_batches"] == 4
+        assert len(r["forward_ms_all"]) == 4
+        assert len(r["pass_step_ms"]) == 2
+        assert all(x > 0 for x in r["pass_step_ms"])
     # Verified once per (peer, D, L, threads), not once per pass.
     assert len(tiny_report["verification"]) == 2 * 2 + 2
     text = format_report(tiny_report)
@@ -417,60 +440,248 @@ def run_bench_script(name: str, *args: str, timeout: int = 300) -> subprocess.Co
     )
 
 
-def test_w3_runner_reports_throughput_latency_and_contention_per_k() -> None:
+def test_w3_runner_reports_throughput_latency_and_contention_per_k(tmp_path: Path) -> None:
     """bench/w3_callers.py at a tiny size: one row per K with the median ids/s of its
     interleaved rounds and their range, each call type's P50 / P99, and the contention
-    columns (calls, read tasks redone, lock waits)."""
-    args = ["--tables", "2", "--universe", "4096", "--seconds", "0.4", "--rounds", "2"]
-    out = run_bench_script("w3_callers.py", *args, "--threads", "1,2")
+    columns (calls, read tasks redone, lock waits); --json writes K=8 against K=2 for the
+    results page."""
+    from embstore.bench.page import results_page
+    from embstore.bench.results_io import load_results
+
+    args = ["--tables", "2", "--universe", "4096", "--seconds", "0.6", "--rounds", "2"]
+    path = tmp_path / "w3.json"
+    out = run_bench_script("w3_callers.py", *args, "--threads", "1,2,8", "--json", str(path))
     assert out.returncode == 0, out.stderr
+    _, (work,) = load_results([str(path)])
+    (entry,) = work["w3"]
+    assert entry["k8_m_ids_per_s"] > 0
+    assert entry["k2_m_ids_per_s"] > 0
+    assert entry["worst_p99_over_p50"] >= 1
+    ratio = entry["k8_m_ids_per_s"] / entry["k2_m_ids_per_s"]
+    assert f"| {entry['k8_m_ids_per_s']:.2f} | {entry['k2_m_ids_per_s']:.2f} | {ratio:.2f}x |" in (
+        results_page([], [work], "CMD")
+    )
     lines = out.stdout.splitlines()
     header = next(line for line in lines if line.startswith("| K |"))
-    assert "read tasks redone" in header and "lock waits (total wait)" in header
+    assert "read tasks redone" in header
+    assert "lock waits (total wait)" in header
     rows = {
         line.split("|")[1].strip(): line.split("|")[2:-1]
         for line in lines[1:]
-        if line[:3] in ("| 1", "| 2")
+        if line[:3] in ("| 1", "| 2", "| 8")
     }
-    assert set(rows) == {"1", "2"}
+    assert set(rows) == {"1", "2", "8"}
     for k, cells in rows.items():
         ids_per_s, fwd, apply, calls, redone, waits = (c.strip() for c in cells)
         median, spread = ids_per_s.split(" M (")
         low, high = (float(x) for x in spread.removesuffix(")").split("-"))
         assert 0 < low <= float(median) <= high
-        assert " / " in fwd and int(calls) > 0 and int(redone) >= 0
-        assert int(waits.split(" (")[0]) >= 0 and waits.endswith(" ms)")
+        assert " / " in fwd
+        assert int(calls) > 0
+        assert int(redone) >= 0
+        assert int(waits.split(" (")[0]) >= 0
+        assert waits.endswith(" ms)")
         assert apply == "-" if k == "1" else " / " in apply  # K=1 runs forward callers only
 
 
-def test_churn_and_readonly_runner_reports_w2_and_interleaved_w4() -> None:
+def test_churn_and_readonly_runner_reports_w2_and_interleaved_w4(tmp_path: Path) -> None:
     """bench/churn_and_readonly.py at a small size (a batch's distinct ids fit in U/4):
     W2's step against the same run's W1 step, its hit rate and RSS; W4's latency,
     throughput and miss rate (about the 10% of ids left out of the warm-up), and with torch
     installed the ratio to torch's forward with the range of its per-round ratios over the
     interleaved rounds."""
+    from embstore.bench.results_io import load_results
+
     args = ["--tables", "2", "--universe", "20000", "--batches", "12", "--w4-rounds", "2"]
-    out = run_bench_script("churn_and_readonly.py", *args)
+    out = run_bench_script("churn_and_readonly.py", *args, "--json", str(tmp_path / "w.json"))
     assert out.returncode == 0, out.stderr
+    _, (work,) = load_results([str(tmp_path / "w.json")])
+    (w2,), (w4,) = work["w2"], work["w4"]
+    assert w2["w2_step_ms"][0] > 0
+    assert 0 < w2["hit_rate"] < 1
+    assert w4["m_ids_per_s"][0] > 0
+    assert len(w4["torch_m_ids_per_s"]) in (0, 1)
     w2 = next(line for line in out.stdout.splitlines() if line.startswith("W2 "))
     w4 = next(line for line in out.stdout.splitlines() if line.startswith("W4 "))
     step = float(w2.split("step median ")[1].split(" ms")[0])
     ratio = float(w2.split(" ms = ")[1].split("x the W1 step")[0])
     hit_rate = float(w2.split("hit rate ")[1].split(",")[0])
-    assert step > 0 and ratio > 0 and 0 < hit_rate < 1  # capacity U/4: some ids miss
-    assert "RSS after batch 12 " in w2 and w2.endswith(" MiB")
+    assert step > 0
+    assert ratio > 0
+    assert 0 < hit_rate < 1
+    assert "RSS after batch 12 " in w2
+    assert w2.endswith(" MiB")
     p50 = float(w4.split("P50 ")[1].split(" ms")[0])
     p99 = float(w4.split("P99 ")[1].split(" ms")[0])
     miss_rate = float(w4.rsplit("miss rate ", 1)[1])
-    assert 0 < p50 <= p99 and 0.02 < miss_rate < 0.3
+    assert 0 < p50 <= p99
+    assert 0.02 < miss_rate < 0.3
     if "torch not installed" in w4:
         return
     versus = float(w4.split(" = ")[1].split("x torch's")[0])
     low, high = (float(x) for x in w4.split("per round ")[1].split("x over")[0].split("-"))
-    assert versus > 0 and 0 < low <= high
+    assert versus > 0
+    assert 0 < low <= high
     assert "over 2 interleaved rounds" in w4
 
 
 def test_churn_and_readonly_runner_rejects_no_rounds() -> None:
     out = run_bench_script("churn_and_readonly.py", "--w4-rounds", "0", timeout=60)
-    assert out.returncode == 2 and "--w4-rounds must be at least 1" in out.stderr
+    assert out.returncode == 2
+    assert "--w4-rounds must be at least 1" in out.stderr
+
+
+# --------------------------------------------------------------------------------------
+# The results page (bench/README.md) and the README's table, generated from JSON
+# --------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _table_rows(text: str, first_header: str) -> list[list[str]]:
+    """The cells of the markdown table whose header starts with ``first_header``."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"| {first_header} |"))
+    rows = []
+    for ln in lines[start + 2 :]:
+        if not ln.startswith("|"):
+            break
+        rows.append([c.strip() for c in ln.strip("|").split("|")])
+    return rows
+
+
+def _step(report: dict[str, Any], peer: str, d: int, lp: int, t: int) -> float:
+    (row,) = [
+        r
+        for r in report["results"]
+        if (r["peer"], r["dim"], r["pooling"], r["threads"]) == (peer, d, lp, t)
+    ]
+    return float(row["step_ms"])
+
+
+def test_results_page_tables_and_ratios_come_from_the_json(
+    tiny_report: dict[str, Any], tmp_path: Any
+) -> None:
+    import json
+
+    from embstore.bench.page import readme_table, results_page
+    from embstore.bench.results_io import WORKLOADS_KIND, load_results
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(tiny_report, default=str))
+    work = {
+        "kind": WORKLOADS_KIND,
+        "machines": {"m": {"name": "Test VM", "about": "made up"}},
+        "w2": [
+            {
+                "machine": "m",
+                "commit": "abc",
+                "w2_step_ms": [3.0, 5.0],
+                "w1_step_ms": [2.0, 4.0],
+                "hit_rate": 0.9,
+                "evictions_m_per_s": [1.0, 2.0],
+                "rss_mib": [100, 101],
+            }
+        ],
+        "w4": [
+            {
+                "machine": "m",
+                "commit": "abc",
+                "m_ids_per_s": [30.0],
+                "torch_m_ids_per_s": [40.0],
+                "p50_ms": [0.3, 0.3],
+                "p99_ms": [0.5, 0.6],
+                "miss_rate": 0.1,
+            }
+        ],
+    }
+    wpath = tmp_path / "workloads.json"
+    wpath.write_text(json.dumps(work))
+    reports, workloads = load_results([str(path), str(wpath)])
+    assert len(reports) == 1
+    assert len(workloads) == 1
+    page = results_page(reports, workloads, "CMD")
+    assert "<!-- Generated by `CMD`" in page
+    assert "## How to run" in page
+    assert "## Method" in page
+    assert "## W1: training step" in page
+    # The W1 table: one line per (D, L, threads), numpy's step and its ratio to embstore's.
+    rows = _table_rows(page, "D")
+    assert [(int(r[0]), int(r[1]), int(r[2])) for r in rows] == [
+        (8, 1, 1),
+        (8, 1, 2),
+        (8, 2, 1),
+        (8, 2, 2),
+    ]
+    for r in rows:
+        d, lp, t = int(r[0]), int(r[1]), int(r[2])
+        es, npy = _step(tiny_report, "embstore", d, lp, t), _step(tiny_report, "numpy", d, lp, t)
+        assert r[4] == f"{es:.2f}"
+        assert r[8] == f"{npy:.2f} ({npy / es:.2f}x)"
+    # W2 and W4: the ratios are computed from the figures, run by run.
+    assert (
+        "| Test VM | abc | 3.00, 5.00 | 2.00, 4.00 | 1.50x, 1.25x | 0.900 | 1.00-2.00 M |" in page
+    )
+    assert "| 30.0 | 40.0 | 0.75x | 0.30 | 0.50-0.60 | 0.100 |" in page
+    # The README table: embstore at 2 threads against numpy at its best thread count.
+    table = readme_table(reports)
+    rrows = _table_rows(table, "D, L")
+    assert [r[0] for r in rrows] == ["8, 2", "8, 1"]
+    for r in rrows:
+        lp = int(r[0].split(",")[1])
+        es = _step(tiny_report, "embstore", 8, lp, 2)
+        best_numpy = min(_step(tiny_report, "numpy", 8, lp, t) for t in (1, 2))
+        assert r[1] == f"**{es:.2f} ms**"
+        assert r[4] == f"{best_numpy / es:.2f}x"
+        assert r[2] == "n/a"  # FBGEMM did not run
+
+
+def _committed_command() -> tuple[list[str], str]:
+    """The files and output of the command stamped on the committed results page."""
+    text = (REPO / "bench" / "README.md").read_text()
+    start = text.index("<!-- Generated by `") + len("<!-- Generated by `")
+    command = text[start : text.index("`", start)]
+    args = command.split()
+    files = args[args.index("--from-json") + 1 : args.index("--markdown")]
+    return files, command
+
+
+def test_committed_results_page_is_what_the_generator_prints() -> None:
+    from embstore.bench.page import results_page
+    from embstore.bench.results_io import load_results
+
+    files, command = _committed_command()
+    assert command.endswith("--markdown bench/README.md")
+    reports, workloads = load_results([str(REPO / f) for f in files])
+    expected = results_page(reports, workloads, command)
+    assert (REPO / "bench" / "README.md").read_text() == expected, (
+        "bench/README.md is out of date: regenerate it with " + command
+    )
+    for png in (REPO / "bench" / "results").glob("*.png"):
+        assert f"results/{png.name}" in expected
+
+
+def test_readme_performance_table_is_what_the_generator_prints() -> None:
+    from embstore.bench.page import readme_table
+    from embstore.bench.results_io import load_results
+
+    files, _ = _committed_command()
+    reports, workloads = load_results([str(REPO / f) for f in files])
+    labels = {k: v for w in workloads for k, v in w.get("machines", {}).items()}
+    assert readme_table(reports, labels) in (REPO / "README.md").read_text(), (
+        "README.md's performance table is out of date: paste the output of "
+        "python -m embstore bench --from-json " + " ".join(files) + " --readme-table"
+    )
+
+
+def test_markdown_flag_writes_the_page(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from embstore.bench.cli import main
+
+    files, _ = _committed_command()
+    out = tmp_path / "page.md"
+    assert main(["--from-json", *(str(REPO / f) for f in files), "--markdown", str(out)]) == 0
+    assert out.read_text().startswith("# Benchmark results")
+    assert main(["--from-json", str(REPO / files[0]), "--readme-table"]) == 0
+    assert "| D, L | embstore step, 2 threads |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--markdown"])

@@ -1,6 +1,6 @@
 """Runner of the canonical workload W1 (``python -m embstore bench``).
 
-W1 is the pooled training step on warm tables defined in ``WORKLOADS.md``: ``T`` tables of
+W1 is the pooled training step on warm tables defined in ``bench/README.md``: ``T`` tables of
 ``U`` Zipf-distributed hashed ids each, batches of ``B`` examples with exactly ``L`` ids per
 table, a pooled-sum forward and an Adagrad backward. The runner
 
@@ -28,11 +28,14 @@ Modules (one responsibility each):
   the peers;
 - :mod:`~embstore.bench.verify`: checks of each peer against the reference;
 - :mod:`~embstore.bench.floor`: memory rates and the traffic floor of the step;
-- :mod:`~embstore.bench.targets`: issue 3's targets, evaluated on a run;
+- :mod:`~embstore.bench.targets`: the performance targets, evaluated on a run;
 - :mod:`~embstore.bench.plot`: the ``--plot`` PNG;
 - :mod:`~embstore.bench.env`: machine facts and other processes' CPU time;
 - :mod:`~embstore.bench.runner`: the run itself (:func:`run`, :class:`BenchConfig`);
 - :mod:`~embstore.bench.report`: result rows and the markdown report;
+- :mod:`~embstore.bench.results_io`: reading saved reports and workload figures;
+- :mod:`~embstore.bench.page`, ``page_text``: the results page (``--markdown``) and the
+  README's table (``--readme-table``), generated from saved results;
 - :mod:`~embstore.bench.cli`: the command line (:func:`main`).
 """
 

@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from embstore.bench.page import readme_table, results_page
 from embstore.bench.peers import PEERS
 from embstore.bench.plot import PlotUnavailable, plot_report, require_matplotlib
 from embstore.bench.reference import VerificationError
 from embstore.bench.report import format_report
+from embstore.bench.results_io import load_report, load_results
 from embstore.bench.runner import BenchConfig, run
 from embstore.bench.workload import placement
 
@@ -43,7 +45,7 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
     p = argparse.ArgumentParser(
         prog=prog,
         description=(
-            "Run WORKLOADS.md W1 (pooled training step on warm tables) for embstore and its "
+            "Run W1 (the pooled training step on warm tables, bench/README.md) for embstore and its "
             "peers, verify every peer against numpy, and print one markdown table. The "
             f"default is a quick run (U={quick.universe:,}, {quick.batches} timed batches); "
             f"--full is the canonical size (U={full.universe:,}, {full.batches} timed batches)."
@@ -128,7 +130,22 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
     p.add_argument(
         "--from-json",
         metavar="PATH",
-        help="do not run: print the report (and --plot) of a run saved with --json",
+        nargs="+",
+        help="do not run: print the report (and --plot) of runs saved with --json; with "
+        "--markdown or --readme-table, also files of W2-W4 figures (bench/results/)",
+    )
+    p.add_argument(
+        "--markdown",
+        metavar="OUT",
+        nargs="?",
+        const="-",
+        help="write the results page (bench/README.md) generated from --from-json files "
+        "to OUT (default: stdout); the first file's machine is the README's",
+    )
+    p.add_argument(
+        "--readme-table",
+        action="store_true",
+        help="print README.md's performance table generated from --from-json files",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     return p
@@ -184,11 +201,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             require_matplotlib()
         except PlotUnavailable as exc:
             parser.error(str(exc))
+    if args.markdown or args.readme_table:
+        return _write_pages(parser, args)
     if args.from_json:
-        try:
-            report = load_report(args.from_json)
-        except (OSError, ValueError) as exc:
-            parser.error(f"--from-json {args.from_json}: {exc}")
+        for path in args.from_json[:-1]:
+            print(format_report(_load_or_exit(parser, path)) + "\n")
+        report = _load_or_exit(parser, args.from_json[-1])
     else:
         try:
             report = run(cfg)
@@ -205,24 +223,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def load_report(path: str | Path) -> dict[str, Any]:
-    """A report saved with ``--json``.
+def _load_or_exit(parser: argparse.ArgumentParser, path: str) -> dict[str, Any]:
+    try:
+        return load_report(path)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--from-json {path}: {exc}")
 
-    Raises
-    ------
-    ValueError
-        If the file is not such a report.
-    """
-    report = json.loads(Path(path).read_text())
-    if not isinstance(report, dict):
-        msg = "not a bench report (not a JSON object)"
-        raise ValueError(msg)  # noqa: TRY004 - a bad file, reported like the others
-    missing = [k for k in ("environment", "config", "results", "table") if k not in report]
-    if missing:
-        msg = f"not a bench report (missing {', '.join(missing)})"
-        raise ValueError(msg)
-    report.setdefault("memory", [])
-    report.setdefault("setup", [])
-    report.setdefault("verification", [])
-    report.setdefault("skipped", {})
-    return report
+
+def _write_pages(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--markdown`` / ``--readme-table``: pages generated from saved results only."""
+    if not args.from_json:
+        parser.error("--markdown and --readme-table need --from-json FILE [FILE ...]")
+    try:
+        reports, workloads = load_results(args.from_json)
+    except ValueError as exc:
+        parser.error(f"--from-json {exc}")
+    if not reports:
+        parser.error("--from-json: no W1 report among the files")
+    labels = {k: v for w in workloads for k, v in w.get("machines", {}).items()}
+    if args.readme_table:
+        print(readme_table(reports, labels))
+    if args.markdown:
+        out = args.markdown
+        command = " ".join(
+            ["python -m embstore bench --from-json", *args.from_json, "--markdown", out]
+        )
+        page = results_page(reports, workloads, command)
+        if out == "-":
+            sys.stdout.write(page)
+        else:
+            Path(out).write_text(page)
+    return 0

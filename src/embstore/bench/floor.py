@@ -163,7 +163,7 @@ def _bodies(
     bufs: Sequence[I64Array],
 ) -> list[Callable[[], None]]:
     """One thread body per index array: ``fn(words, idx[i], bufs[i])``."""
-    return [functools.partial(fn, words, i, b) for i, b in zip(idx, bufs)]
+    return [functools.partial(fn, words, i, b) for i, b in zip(idx, bufs, strict=True)]
 
 
 def line_words(rows: I64Array, row_bytes: int) -> I64Array:

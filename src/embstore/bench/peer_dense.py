@@ -67,11 +67,11 @@ class NumpyDensePeer(Peer):
         b, lp = batch.batch_size, batch.pooling
         return [
             np.take(w, r, axis=0).reshape(b, lp, w.shape[1]).sum(1)
-            for w, r in zip(self._w, batch.rows)
+            for w, r in zip(self._w, batch.rows, strict=True)
         ]
 
     def backward(self, batch: Batch, grads: Sequence[F32Array]) -> None:
-        for w, a, r, g in zip(self._w, self._acc, batch.rows, grads):
+        for w, a, r, g in zip(self._w, self._acc, batch.rows, grads, strict=True):
             _dense_adagrad(w, a, r, g, batch.pooling)
 
     def read_rows(self, table: int, batch: Batch) -> tuple[F32Array, F32Array | None]:
@@ -134,7 +134,7 @@ class PandasIndexPeer(Peer):
         return out
 
     def backward(self, batch: Batch, grads: Sequence[F32Array]) -> None:
-        for t, (keys, g) in enumerate(zip(batch.keys, grads)):
+        for t, (keys, g) in enumerate(zip(batch.keys, grads, strict=True)):
             _dense_adagrad(self._w[t], self._acc[t], self._rows(t, keys), g, batch.pooling)
 
     def read_rows(self, table: int, batch: Batch) -> tuple[F32Array, F32Array | None]:

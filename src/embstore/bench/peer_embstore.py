@@ -77,7 +77,7 @@ def memory_probe(num_tables: int, universe: int, dim: int, threads: int | None) 
     rss0 = resident_bytes()
     made = list(embstore_tables(tables, dim, threads=threads, warm=False).values())
     rss1 = resident_bytes()
-    for t, tab in zip(made, tables):
+    for t, tab in zip(made, tables, strict=True):
         warm_table(t, tab.warm_ids, dim)
     gc.collect()
     rss2 = resident_bytes()
@@ -180,13 +180,16 @@ class EmbstorePeer(Peer):
 
     def forward(self, batch: Batch) -> Sequence[Any]:
         out = self._group.lookup_sum(
-            {n: (k, batch.offsets) for n, k in zip(self._names, batch.keys)}
+            {n: (k, batch.offsets) for n, k in zip(self._names, batch.keys, strict=True)}
         )
         return [out[n] for n in self._names]
 
     def backward(self, batch: Batch, grads: Sequence[F32Array]) -> None:
         self._group.apply_gradients(
-            {n: (k, batch.offsets, g) for n, k, g in zip(self._names, batch.keys, grads)}
+            {
+                n: (k, batch.offsets, g)
+                for n, k, g in zip(self._names, batch.keys, grads, strict=True)
+            }
         )
 
     def read_rows(self, table: int, batch: Batch) -> tuple[F32Array, F32Array | None]:

@@ -144,7 +144,7 @@ class FbgemmTbePeer(Peer):
         )
         self._weights = list(self._tbe.split_embedding_weights())
         with torch.no_grad():
-            for w, tab in zip(self._weights, tables):
+            for w, tab in zip(self._weights, tables, strict=True):
                 w.copy_(torch.from_numpy(tab.initial_rows(dim, seed=0)))
         # Adagrad's accumulators start at 0 (EXACT_ADAGRAD's momentum1 is zero-filled);
         # fill them explicitly so that every page is resident before timing.

@@ -98,7 +98,7 @@ class TorchEmbeddingBagPeer(Peer):
         offsets = torch.from_numpy(batch.offsets)
         self._outs = [
             fn(torch.from_numpy(r), w, offsets, mode="sum", sparse=True, include_last_offset=True)
-            for w, r in zip(self._weights, batch.rows)
+            for w, r in zip(self._weights, batch.rows, strict=True)
         ]
         return self._outs
 

@@ -266,7 +266,7 @@ def format_report(report: dict[str, Any]) -> str:
     """Header, summary, targets, result table, floor, memory and verification lines."""
     env, cfg = report["environment"], report["config"]
     out = [
-        "## embstore bench: WORKLOADS.md W1 (pooled training step, warm tables)",
+        "## embstore bench: W1 (pooled training step, warm tables)",
         "",
         (
             f"- commit {env['commit']}, embstore {env['embstore']} "
@@ -305,13 +305,13 @@ def format_report(report: dict[str, Any]) -> str:
             "",
             format_summary(results),
             "",
-            "### Targets (issue 3, DESIGN.md): ratios measured in this run",
+            "### Targets: ratios measured in this run",
             "",
             format_targets(evaluate(results, dims, pools, threads), threads),
             "",
             (
                 "Each peer at its best (lowest) median over the thread counts run; the status "
-                "is judged at the issue's thread count (2, else the most run); n/a: a peer it "
+                "is judged at the targets' thread count (2, else the most run); n/a: a peer it "
                 "needs did not run; others: the most cores other processes used while the rows "
                 "the judged value reads were timed (above ~0.2 the verdict is unreliable)."
             ),

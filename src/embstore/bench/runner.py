@@ -50,7 +50,7 @@ class Timing:
     @property
     def step(self) -> list[float]:
         """Forward plus backward of the same batch."""
-        return [f + b for f, b in zip(self.forward, self.backward)]
+        return [f + b for f, b in zip(self.forward, self.backward, strict=True)]
 
     def add_pass(self, other: Timing) -> None:
         """Pool another pass's batches into this timing (others: the larger of the two)."""
@@ -128,7 +128,7 @@ class BenchConfig:
 
     @classmethod
     def full(cls) -> BenchConfig:
-        """WORKLOADS.md W1 at full size: T=8, U=1e6, B=2048, D=32, L 1 and 8, three passes."""
+        """W1 at full size: T=8, U=1e6, B=2048, D=32, L 1 and 8, three passes."""
         return cls(universe=1_000_000, batches=20, warmup=5, passes=3)
 
 

@@ -1,10 +1,10 @@
-"""Issue 3's performance targets (DESIGN.md), evaluated on one run's results.
+"""The performance targets (bench/README.md), evaluated on one run's results.
 
 Every target is a ratio of two figures measured in the same run, per ``(D, L)`` and per
 embstore thread count, so that the verdict never compares medians from different runs. A
 peer's figure is its best (lowest) median over the thread counts run: a peer that runs
 slower on more threads (FBGEMM's CPU TBE, torch under contention) is never held to its
-slower figure. The issue states its targets at 2 threads, so the status is decided by the
+slower figure. The targets are stated at 2 threads, so the status is decided by the
 value at ``TARGET_THREADS`` (or at the most threads run, when the run has no such count);
 the other thread counts are shown for context. A target is ``n/a`` when a peer it needs was
 not run (skipped). Nothing is rounded in embstore's favour: the value is the ratio of the
@@ -28,7 +28,7 @@ Index = Mapping[tuple[str, int, int, int], Row]
 
 _OPS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": operator.le}
 
-#: The thread count issue 3 states its targets at.
+#: The thread count the targets are stated at.
 TARGET_THREADS = 2
 
 
@@ -101,7 +101,7 @@ def _scaling(ix: Index, d: int, lp: int, t: int) -> float | None:
     )
 
 
-#: The targets of issue 3, in report order.
+#: The targets, in report order.
 TARGETS: tuple[Target, ...] = (
     Target(
         "fbgemm",

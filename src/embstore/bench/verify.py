@@ -43,7 +43,7 @@ def verify_peer(
     outs = [as_numpy(o) for o in peer.forward(batch)]
     before = [peer.read_rows(t, batch) for t in range(len(batch.keys))]
     fwd_err = 0.0
-    for t, (out, (rows, _)) in enumerate(zip(outs, before)):
+    for t, (out, (rows, _)) in enumerate(zip(outs, before, strict=True)):
         ref = reference_pool(rows, batch.pooling)
         fwd_err = max(fwd_err, max_abs_err(out, ref))
         if out.shape != ref.shape or not np.allclose(out, ref, rtol=FWD_RTOL, atol=FWD_ATOL):

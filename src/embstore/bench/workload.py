@@ -1,4 +1,4 @@
-"""W1's key stream: ids, placement order, Zipf batches and fixed gradients (WORKLOADS.md).
+"""W1's key stream: ids, placement order, Zipf batches and fixed gradients (bench/README.md).
 
 Everything here runs before anything is timed, and depends on numpy only.
 """
@@ -15,7 +15,7 @@ U64Array = npt.NDArray[np.uint64]
 I64Array = npt.NDArray[np.int64]
 F32Array = npt.NDArray[np.float32]
 
-#: Zipf exponent of the key stream (WORKLOADS.md).
+#: Zipf exponent of the key stream.
 ZIPF_ALPHA = 1.05
 #: Multiplier of the placement order: rank ``r`` sits at position ``r * 618033 mod U``.
 PLACEMENT_MULTIPLIER = 618033
@@ -193,7 +193,7 @@ def make_workload(
     Parameters
     ----------
     num_tables, universe, batch_size, pooling, dim : int
-        ``T``, ``U``, ``B``, ``L`` and ``D`` of WORKLOADS.md.
+        ``T``, ``U``, ``B``, ``L`` and ``D`` of W1.
     num_batches : int
         Batches to generate (warm-up plus timed).
     seed : int
