@@ -116,7 +116,7 @@ def run(pooling: int, args: argparse.Namespace) -> None:
     stores: dict[str, Any] = {}
     sp2 = _specs(w, 2)
     stores["a"] = embstore.TableGroup({n: build_shard(s, 1, n) for n, s in sp2.items()})
-    stores["b"] = ShardedTableGroup(sp2, num_shards=2)
+    stores["b"] = ShardedTableGroup(sp2, num_shards=2, backend="local")
     if not args.no_ray:
         stores["c"] = ShardedTableGroup(
             _specs(w, 1), num_shards=2, backend="ray", actor_options={"num_cpus": 1}

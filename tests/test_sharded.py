@@ -113,7 +113,7 @@ def train(
 def test_rows_bitwise_equal_after_k_steps(opt: str, shards: int) -> None:
     rng = np.random.default_rng(shards * 100 + len(opt))
     sp = specs(opt)
-    with ShardedTableGroup(sp, num_shards=shards) as store:
+    with ShardedTableGroup(sp, num_shards=shards, backend="local") as store:
         group = in_process(sp)
         for mode, weighted in (("sum", False), ("mean", True), ("sum", True), ("mean", False)):
             train(store, group, rng, 3, mode, weighted, exact=mode == "sum")
@@ -128,7 +128,7 @@ def test_rows_bitwise_equal_after_k_steps(opt: str, shards: int) -> None:
 def test_pooled_sums_within_tolerance_and_exact_bitwise() -> None:
     rng = np.random.default_rng(5)
     sp = specs("sgd")
-    with ShardedTableGroup(sp, num_shards=3) as store:
+    with ShardedTableGroup(sp, num_shards=3, backend="local") as store:
         group = in_process(sp)
         for mode in ("sum", "mean"):
             train(store, group, rng, 3, mode, weighted=True, exact=False)
@@ -139,7 +139,7 @@ def test_pooled_sums_within_tolerance_and_exact_bitwise() -> None:
 def test_apply_of_other_keys_is_routed_afresh() -> None:
     rng = np.random.default_rng(9)
     sp = specs("adam")
-    with ShardedTableGroup(sp, num_shards=2) as store:
+    with ShardedTableGroup(sp, num_shards=2, backend="local") as store:
         group = in_process(sp)
         feats = batch(rng, weighted=False)
         store.lookup_sum(feats)
@@ -159,7 +159,7 @@ def test_apply_of_other_keys_is_routed_afresh() -> None:
 def test_tables_of_one_forward_applied_in_separate_calls() -> None:
     rng = np.random.default_rng(10)
     sp = specs("adagrad")
-    with ShardedTableGroup(sp, num_shards=3) as store:
+    with ShardedTableGroup(sp, num_shards=3, backend="local") as store:
         group = in_process(sp)
         feats = batch(rng, weighted=True)
         store.lookup_sum(feats, mode="mean")
@@ -174,7 +174,7 @@ def test_tables_of_one_forward_applied_in_separate_calls() -> None:
 
 def test_apply_whose_forward_the_shard_dropped_raises_stale_step() -> None:
     rng = np.random.default_rng(3)
-    with ShardedTableGroup(specs(), num_shards=2) as store:
+    with ShardedTableGroup(specs(), num_shards=2, backend="local") as store:
         feats = batch(rng, weighted=False)
         store.lookup_sum(feats)
         for server in store._backend.servers:
@@ -186,7 +186,7 @@ def test_apply_whose_forward_the_shard_dropped_raises_stale_step() -> None:
 def test_wait_false_returns_a_handle_and_later_lookups_see_the_update() -> None:
     rng = np.random.default_rng(4)
     sp = specs("sgd")
-    with ShardedTableGroup(sp, num_shards=2) as store:
+    with ShardedTableGroup(sp, num_shards=2, backend="local") as store:
         group = in_process(sp)
         feats = batch(rng, weighted=False)
         store.lookup_sum(feats)
@@ -204,7 +204,7 @@ def test_wait_false_returns_a_handle_and_later_lookups_see_the_update() -> None:
 
 def test_error_of_an_unwaited_apply_surfaces_at_the_next_call() -> None:
     rng = np.random.default_rng(7)
-    with ShardedTableGroup(specs(), num_shards=2) as store:
+    with ShardedTableGroup(specs(), num_shards=2, backend="local") as store:
         feats = batch(rng, weighted=False)
         store.lookup_sum(feats)
         for server in store._backend.servers:
@@ -247,7 +247,7 @@ def _error(fn: Any) -> tuple[type[BaseException], str]:
 def test_bad_lookup_raises_what_table_group_raises_and_calls_no_shard(case: int) -> None:
     feats, kw = BAD_LOOKUPS[case]
     sp = specs()
-    with ShardedTableGroup(sp, num_shards=2) as store:
+    with ShardedTableGroup(sp, num_shards=2, backend="local") as store:
         want = _error(lambda: in_process(sp).lookup_sum(feats, **kw))
         assert _error(lambda: store.lookup_sum(feats, **kw)) == want
         assert all(st["hits"] + st["misses"] == 0 for st in store.stats()["tables"].values())
@@ -269,7 +269,7 @@ def test_bad_apply_raises_what_table_group_raises_and_applies_nothing() -> None:
     ]
     sp = specs()
     for grads in cases:
-        with ShardedTableGroup(sp, num_shards=3) as store:
+        with ShardedTableGroup(sp, num_shards=3, backend="local") as store:
             want = _error(lambda g=grads: in_process(sp).apply_gradients(g))
             assert _error(lambda g=grads: store.apply_gradients(g)) == want
             assert all(st["size"] == 0 for st in store.stats()["tables"].values())
@@ -278,7 +278,7 @@ def test_bad_apply_raises_what_table_group_raises_and_applies_nothing() -> None:
 def test_set_step_evict_and_health() -> None:
     rng = np.random.default_rng(2)
     sp = specs("sgd")
-    with ShardedTableGroup(sp, num_shards=2) as store:
+    with ShardedTableGroup(sp, num_shards=2, backend="local") as store:
         group = in_process(sp)
         train(store, group, rng, 4, "sum", weighted=False)
         got = store.evict(older_than=3)
@@ -293,15 +293,15 @@ def test_set_step_evict_and_health() -> None:
 
 def test_constructor_errors_name_the_argument() -> None:
     with pytest.raises(TypeError, match="tables\\['a'\\] must be an embstore.TableSpec"):
-        ShardedTableGroup({"a": 3}, num_shards=2)  # type: ignore[dict-item]
+        ShardedTableGroup({"a": 3}, num_shards=2, backend="local")  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="num_shards must be positive"):
-        ShardedTableGroup(specs(), num_shards=0)
+        ShardedTableGroup(specs(), num_shards=0, backend="local")
     with pytest.raises(ValueError, match="backend must be"):
         ShardedTableGroup(specs(), num_shards=1, backend="mpi")
     with pytest.raises(ValueError, match="dim must be positive"):
-        ShardedTableGroup({"a": TableSpec(dim=0, capacity=10)}, num_shards=1)
+        ShardedTableGroup({"a": TableSpec(dim=0, capacity=10)}, num_shards=1, backend="local")
     with pytest.raises(ValueError, match="restore='checkpoint' needs"):
-        ShardedTableGroup(specs(), num_shards=1, restore="checkpoint")
+        ShardedTableGroup(specs(), num_shards=1, restore="checkpoint", backend="local")
 
 
 def _raw(values: list[int]) -> tuple[np.ndarray, int, int]:
@@ -333,7 +333,7 @@ def test_stats_merge_histograms_bucket_by_bucket() -> None:
 def test_stats_sum_counters_and_time_the_client_layers() -> None:
     rng = np.random.default_rng(6)
     sp = specs("sgd")
-    with ShardedTableGroup(sp, num_shards=2) as store:
+    with ShardedTableGroup(sp, num_shards=2, backend="local") as store:
         group = in_process(sp)
         train(store, group, rng, 3, "sum", weighted=False, exact=False)
         st = store.stats()
@@ -355,7 +355,7 @@ def test_prometheus_text_labels_every_shard() -> None:
     parser = pytest.importorskip("prometheus_client.parser", reason="prometheus_client absent")
     rng = np.random.default_rng(8)
     sp = specs("sgd")
-    with ShardedTableGroup(sp, num_shards=3) as store:
+    with ShardedTableGroup(sp, num_shards=3, backend="local") as store:
         train(store, in_process(sp), rng, 2, "sum", weighted=False)
         text = store.prometheus_text()
         sizes = {}

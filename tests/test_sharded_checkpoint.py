@@ -19,7 +19,7 @@ def _trained(
 ) -> tuple[ShardedTableGroup, embstore.TableGroup, np.random.Generator]:
     rng = np.random.default_rng(seed)
     sp = specs(opt)
-    store = ShardedTableGroup(sp, num_shards=shards)
+    store = ShardedTableGroup(sp, num_shards=shards, backend="local")
     group = in_process(sp)
     train(store, group, rng, steps, "sum", weighted=False)
     return store, group, rng
@@ -33,7 +33,7 @@ def test_round_trip_n_to_m_is_bit_exact(
     store, group, rng = _trained(saved, "adam", 4, saved * 10 + loaded)
     store.save(tmp_path)
     store.close()
-    with ShardedTableGroup.load(tmp_path, num_shards=loaded) as back:
+    with ShardedTableGroup.load(tmp_path, num_shards=loaded, backend="local") as back:
         assert back.num_shards == loaded and back.names == ["user", "item"]
         assert_same_rows(back, group)
         train(back, group, rng, 2, "mean", weighted=True)  # optimizer state and steps too
@@ -46,12 +46,12 @@ def test_many_chunks_are_streamed_and_rerouted(tmp_path: os.PathLike[str]) -> No
     keys = np.arange(0, 3 * 25_000, 3, dtype=np.uint64)  # several 4 MiB... chunks of rows
     off = np.arange(keys.shape[0] + 1, dtype=np.int64)
     g = np.ones((keys.shape[0], 4), np.float32)
-    with ShardedTableGroup(sp, num_shards=2) as store:
+    with ShardedTableGroup(sp, num_shards=2, backend="local") as store:
         for s in (store, group):
             s.lookup_sum({"big": (keys, off)})
             s.apply_gradients({"big": (keys, off, g)})
         store.save(tmp_path)
-    with ShardedTableGroup.load(tmp_path, num_shards=3) as back:
+    with ShardedTableGroup.load(tmp_path, num_shards=3, backend="local") as back:
         assert_same_rows(back, group)
         rows = [h["rows"]["big"] for h in back.health()]
         assert sum(rows) == keys.shape[0] and min(rows) > keys.shape[0] / 3 * 0.95
@@ -75,10 +75,10 @@ def test_plain_table_group_checkpoint_loads_sharded(tmp_path: os.PathLike[str]) 
     rng = np.random.default_rng(8)
     sp = specs("rowwise")
     group = in_process(sp)
-    with ShardedTableGroup(sp, num_shards=1) as other:
+    with ShardedTableGroup(sp, num_shards=1, backend="local") as other:
         train(other, group, rng, 3, "sum", weighted=True)
     group.save(tmp_path)
-    with ShardedTableGroup.load(tmp_path, num_shards=2) as back:
+    with ShardedTableGroup.load(tmp_path, num_shards=2, backend="local") as back:
         assert_same_rows(back, group)
         train(back, group, rng, 2, "sum", weighted=False)
         assert_same_rows(back, group)
@@ -104,11 +104,11 @@ def test_crash_before_the_manifest_keeps_the_previous_checkpoint(
     snapshot = in_process(specs("sgd"))
     for n, e in before.items():
         snapshot[n].import_(e)
-    with ShardedTableGroup.load(tmp_path, num_shards=2) as back:
+    with ShardedTableGroup.load(tmp_path, num_shards=2, backend="local") as back:
         assert_same_rows(back, snapshot)
     store.save(tmp_path)  # the next commit removes the uncommitted directories
     assert len([d for d in os.listdir(tmp_path) if d.startswith("shard-")]) == 2
-    with ShardedTableGroup.load(tmp_path) as back:
+    with ShardedTableGroup.load(tmp_path, backend="local") as back:
         assert_same_rows(back, group)
     store.close()
 
@@ -155,13 +155,13 @@ def test_save_delta_chains_load_bit_exact(tmp_path: os.PathLike[str], loaded: in
         group[n].evict(older_than=3)
     store.save_delta(tmp_path)
     store.close()
-    with ShardedTableGroup.load(tmp_path, num_shards=loaded) as back:
+    with ShardedTableGroup.load(tmp_path, num_shards=loaded, backend="local") as back:
         assert_same_rows(back, group)
         if loaded == 2:  # the chain continues in the same directory
             train(back, group, rng, 1, "sum", weighted=False)
             back.save_delta(tmp_path)
     if loaded == 2:
-        with ShardedTableGroup.load(tmp_path) as again:
+        with ShardedTableGroup.load(tmp_path, backend="local") as again:
             assert_same_rows(again, group)
     merged = embstore.TableGroup.load_sharded(tmp_path)
     for name in group:

@@ -107,7 +107,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         tables: Mapping[str, TableSpec],
         *,
         num_shards: int,
-        backend: str = "local",
+        backend: str = "ray",
         actor_options: Mapping[str, Any] | None = None,
         name: str | None = None,
         restore: str = "fail",
@@ -498,7 +498,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         directory: str | os.PathLike[str],
         *,
         num_shards: int | None = None,
-        backend: str = "local",
+        backend: str = "ray",
         **options: Any,
     ) -> ShardedTableGroup:
         """The store committed in ``directory`` (by :meth:`save`, or a plain
