@@ -367,3 +367,28 @@ def test_prometheus_text_labels_every_shard() -> None:
         assert sizes == {
             (str(k), n): float(s[n]["size"]) for k, s in enumerate(per_shard) for n in s
         }
+
+
+def test_embedding_bag_collection_over_a_sharded_store_trains_as_over_a_group() -> None:
+    """EmbeddingBagCollection takes a ShardedTableGroup wherever it takes a TableGroup."""
+    torch = pytest.importorskip("torch", reason="embstore.torch needs torch")
+    from embstore.torch import EmbeddingBagCollection
+
+    rng = np.random.default_rng(21)
+    sp = specs("adagrad")
+    with ShardedTableGroup(sp, num_shards=3, backend="local") as store:
+        group = in_process(sp)
+        modules = [EmbeddingBagCollection(store), EmbeddingBagCollection(group)]
+        assert "user: dim=5" in repr(modules[0])
+        for _ in range(4):
+            features = {n: b[:2] for n, b in batch(rng, weighted=False).items()}
+            losses = []
+            for ebc in modules:
+                out = ebc(features)
+                # gradients independent of the pooled values (the shards' partial sums round
+                # differently without exact=True), so the applied rows compare bit for bit
+                loss = sum((t * torch.linspace(-1.0, 1.0, t.shape[1])).sum() for t in out.values())
+                loss.backward()
+                losses.append(float(loss.detach()))
+            assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+        assert_same_rows(store, group)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from embstore import _arrays
+from embstore.table import Table
 from embstore.torch import _state
 from embstore.torch._config import (
     EmbeddingBagConfig,
@@ -152,7 +153,8 @@ class EmbeddingBagCollection(torch.nn.Module):
         for config in self._binding.configs:
             table = self.group.get(config.name) if isinstance(self.group, Mapping) else None
             size = ""
-            if table is not None and not getattr(table, "closed", False):
+            # a store's entries may be specs (a sharded store): only a live table has a size
+            if isinstance(table, Table) and not table.closed:
                 size = f", rows={len(table)}/{config.num_embeddings}"
             optimizer = getattr(table, "optimizer", config.optimizer)
             pad = "" if config.padding_id is None else f", padding_id={config.padding_id}"
