@@ -12,7 +12,9 @@ and every row update of both processes reached the store exactly once:
   order of the float additions, which depends on how the two ranks interleaved);
 - the store holds exactly the ids the pushes named.
 
-Then one push applied a second time must make the check fail.
+Then one push applied a second time must make the check fail. Also, in one process: a
+module over an ``embstore.ps.Client`` trains the server's rows as a module over an equal
+in-process group does, and its configs are checked against the server's tables.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from reference import per_id_grads
 
 import embstore
 from embstore import ps
+from embstore.torch import EmbeddingBagCollection, EmbeddingBagConfig
 
 if not (dist.is_available() and dist.is_gloo_available()):
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
@@ -173,3 +176,39 @@ def test_two_ddp_processes_share_one_ps_and_each_update_arrives_once(
     found = mismatches(recipe, group, runs)
     assert any(m.startswith("items[") for m in found)
     assert any(m.startswith("users[") for m in found)
+
+
+def test_a_module_over_a_ps_client_trains_the_servers_rows_as_in_process() -> None:
+    def cfg(dim: int = 4, name: str = "t") -> list[EmbeddingBagConfig]:
+        opt = embstore.Adagrad(lr=0.1)
+        return [EmbeddingBagConfig(name, dim, 100, ["f", "g"], pooling="mean", optimizer=opt)]
+
+    served, local = (embstore.TableGroup({"t": cfg()[0].build_table()}) for _ in range(2))
+    twin = EmbeddingBagCollection.from_configs(cfg(), backend=local)
+    rng = np.random.default_rng(0)
+    server = ps.serve(served, port=0, host="127.0.0.1")
+    with server, ps.Client(f"127.0.0.1:{server.port}", timeout=30) as client:
+        remote = EmbeddingBagCollection.from_configs(cfg(), backend=client)
+        for _ in range(3):
+            feats = {
+                "f": (torch.from_numpy(rng.integers(0, 20, 6)), torch.tensor([0, 2, 6])),
+                "g": {"values": torch.tensor([3, 4]), "lengths": torch.tensor([1, 0, 1])},
+            }
+            seed = torch.randn(4)
+            losses = []
+            for module in (remote, twin):
+                out = module(feats)
+                out["f"].mul_(2.0)  # the outputs are writable, as over a TableGroup
+                losses.append((out["f"] @ seed).sum() + out["g"].pow(2).sum())
+                losses[-1].backward()
+            assert torch.equal(losses[0], losses[1])
+        with torch.no_grad():  # read-only on the server too
+            remote({"f": (torch.tensor([77]), torch.tensor([0, 1]))})
+        with pytest.raises(ValueError, match="'t' has dim 4, its config says embedding_dim=8"):
+            EmbeddingBagCollection.from_configs(cfg(dim=8), backend=client)
+        with pytest.raises(KeyError, match="no table 'u'"):
+            EmbeddingBagCollection.from_configs(cfg(name="u"), backend=client)
+    got, want = served["t"].export(), local["t"].export()
+    assert 77 not in got["ids"].tolist()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
