@@ -226,16 +226,26 @@ class EmbeddingBagCollection(torch.nn.Module):
         )
 
 
+def _backend_dims(backend: Any) -> Mapping[str, Any] | None:
+    """``{table: dim}`` of a store that says: a mapping of tables with ``dim`` (TableGroup,
+    ShardedTableGroup), or a ``dims`` mapping (``embstore.ps.Client``); else None."""
+    if isinstance(backend, Mapping):
+        return {name: getattr(table, "dim", None) for name, table in backend.items()}
+    dims = getattr(backend, "dims", None)
+    return dims if isinstance(dims, Mapping) else None
+
+
 def _check_backend_tables(backend: Any, configs: Sequence[EmbeddingBagConfig]) -> None:
-    """A mapping backend must hold every config's table, with its dim."""
-    if not isinstance(backend, Mapping):
+    """A store that knows its tables must hold every config's table, with its dim."""
+    dims = _backend_dims(backend)
+    if dims is None:
         return
     for config in configs:
-        if config.name not in backend:
-            msg = f"configs: the group has no table {config.name!r}; it has {list(backend)}"
+        if config.name not in dims:
+            msg = f"configs: the group has no table {config.name!r}; it has {list(dims)}"
             raise KeyError(msg)
-        dim = getattr(backend[config.name], "dim", config.embedding_dim)
-        if dim != config.embedding_dim:
+        dim = dims[config.name]
+        if dim is not None and dim != config.embedding_dim:
             msg = (
                 f"configs: table {config.name!r} has dim {dim}, its config says "
                 f"embedding_dim={config.embedding_dim}"
