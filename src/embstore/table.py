@@ -157,7 +157,7 @@ class Table:
         self._optimizer: Optimizer = optimizer
         self._initializer: Initializer = initializer
         self._eviction = eviction
-        self._impl: _core.Table | None = _core.Table(
+        config = _core.TableConfig(
             dim=dim,
             capacity=capacity,
             num_shards=shards,
@@ -183,6 +183,7 @@ class Table:
             admission_depth=admission.depth if filtered and admission else 0,
             stage_evicted=on_evict is not None,
         )
+        self._impl: _core.Table | None = _core.Table(config)
         self._admission = admission
         self._num_threads_arg = num_threads if num_threads is None else threads
         # The id of this table's last committed checkpoint (or of the one it was loaded
