@@ -1,8 +1,9 @@
 // File: python/group_bindings.cpp
 //
-// TableGroup's batched calls: one (keys, offsets[, grads][, weights]) tuple per table. A
-// tuple not in the core's canonical format (arrays.hpp: CanonicalBatch) makes the call
-// return None (False for the apply) before anything runs: TableGroup then converts it. The tuples are held while the GIL is released, so their arrays
+// TableGroup's batched calls: one (keys, offsets[, grads][, weights]) tuple per table, in the
+// core's canonical format (arrays.hpp: CanonicalBatch), else a TypeError naming the table
+// and the argument; the Python package normalises before it calls, so there is one way
+// across the boundary. The tuples are held while the GIL is released, so their arrays
 // outlive the call even if another thread changes the list.
 #include <pybind11/numpy.h>  // py::array_t
 #include <pybind11/pybind11.h>
@@ -25,7 +26,7 @@ using embstore::Table;
 using Tables = std::vector<std::shared_ptr<Table>>;
 
 // Returns the pooled outputs, float32 [bags, dim] per table, from the output pool.
-py::object group_lookup_sum(const Tables& tables, const py::list& features, int mode,
+py::list group_lookup_sum(const Tables& tables, const py::list& features, int mode,
                           bool insert, const std::vector<std::string>& labels) {
   const size_t R = tables.size();
   if (features.size() != R || labels.size() != R) {
@@ -35,12 +36,7 @@ py::object group_lookup_sum(const Tables& tables, const py::list& features, int 
   std::vector<embstore::LookupSumRequest> requests(R);
   const std::vector<py::object> held = hold(features);
   for (size_t k = 0; k < R; ++k) {
-    CanonicalBatch b;
-    try {
-      b = canonical_batch(held[k], false, 0, labels[k]);
-    } catch (const py::type_error&) {
-      return py::none();
-    }
+    const CanonicalBatch b = canonical_batch(held[k], false, 0, labels[k]);
     requests[k] = {tables[k].get(), b.keys, b.n,    b.offsets, b.num_bags,
                    b.weights,       pm,     insert, nullptr,   labels[k]};
   }
@@ -55,10 +51,10 @@ py::object group_lookup_sum(const Tables& tables, const py::list& features, int 
     py::gil_scoped_release release;
     embstore::lookup_sum_many(requests, embstore::Timer::kGroupLookupSum);
   }
-  return std::move(outs);
+  return outs;
 }
 
-bool group_apply_gradients(const Tables& tables, const py::list& grads, int mode,
+void group_apply_gradients(const Tables& tables, const py::list& grads, int mode,
                            const std::vector<std::string>& labels) {
   const size_t R = tables.size();
   if (grads.size() != R || labels.size() != R) {
@@ -68,18 +64,13 @@ bool group_apply_gradients(const Tables& tables, const py::list& grads, int mode
   std::vector<embstore::ApplyRequest> requests(R);
   const std::vector<py::object> held = hold(grads);
   for (size_t k = 0; k < R; ++k) {
-    CanonicalBatch b;
-    try {
-      b = canonical_batch(held[k], true, static_cast<py::ssize_t>(tables[k]->dim()), labels[k]);
-    } catch (const py::type_error&) {
-      return false;
-    }
+    const CanonicalBatch b =
+        canonical_batch(held[k], true, static_cast<py::ssize_t>(tables[k]->dim()), labels[k]);
     requests[k] = {tables[k].get(), b.keys,    b.n, b.grads,  b.offsets,
                    b.num_bags,      b.weights, pm,  labels[k]};
   }
   py::gil_scoped_release release;
   embstore::apply_gradients_many(requests, embstore::Timer::kGroupApplyGradients);
-  return true;
 }
 
 }  // namespace

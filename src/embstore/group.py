@@ -7,7 +7,7 @@ batch over its worker threads.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -103,18 +103,6 @@ class TableGroup(Mapping[str, Table]):
         each table it touches)."""
         return {name: table.stats() for name, table in self._tables.items()}
 
-    def _live_impls(self, names: Iterable[str]) -> list[_core.Table] | None:
-        """The open tables' cores for ``names``, or None if a name is unknown or its table
-        closed (the caller's checked path then raises the error that says so)."""
-        impls = []
-        for name in names:
-            table = self._tables.get(name)
-            impl = None if table is None else table._impl
-            if impl is None:
-                return None
-            impls.append(impl)
-        return impls
-
     def lookup_sum(
         self,
         features: Mapping[str, tuple[Any, ...]],
@@ -128,29 +116,20 @@ class TableGroup(Mapping[str, Table]):
         returns name -> float32 ``[bags, dim]``, as :meth:`Table.lookup_sum` would.
         """
         code = _arrays.mode_code(mode)
-        names, given = list(features), list(features.values())
-        impls = self._live_impls(names)
-        # Arrays already in the core's dtypes and layout go straight to it (W4: 8% of a
-        # call's time was this loop in Python); the core returns None for anything else.
-        outs = None
-        if impls is not None:
-            outs = _core.group_lookup_sum(impls, given, code, bool(insert), names)
-        if outs is None:
-            impls = []
-            checked: list[tuple[Any, ...]] = []
-            for name, feature in zip(names, given):
-                table = self._table(name)
-                if not isinstance(feature, tuple) or len(feature) not in (2, 3):
-                    msg = f"features[{name!r}] must be (keys, offsets) or (keys, offsets, weights)"
-                    raise ValueError(msg)
-                k = _arrays.as_keys(feature[0])
-                off = _arrays.as_offsets(feature[1])
-                impls.append(table._live())
-                w = _arrays.as_weights(feature[2], k.shape[0]) if len(feature) == 3 else None
-                checked.append((k, off) if w is None else (k, off, w))
-            outs = _core.group_lookup_sum(impls, checked, code, bool(insert), names)
-            if outs is None:
-                raise _not_taken(checked)
+        names = list(features)
+        impls = []
+        checked: list[tuple[Any, ...]] = []
+        for name, feature in features.items():
+            table = self._table(name)
+            if not isinstance(feature, tuple) or len(feature) not in (2, 3):
+                msg = f"features[{name!r}] must be (keys, offsets) or (keys, offsets, weights)"
+                raise ValueError(msg)
+            k = _arrays.as_keys(feature[0])
+            off = _arrays.as_offsets(feature[1])
+            impls.append(table._live())
+            w = _arrays.as_weights(feature[2], k.shape[0]) if len(feature) == 3 else None
+            checked.append((k, off) if w is None else (k, off, w))
+        outs = _core.group_lookup_sum(impls, checked, code, bool(insert), names)
         if insert:  # only inserts evict
             self._deliver_evicted(names)
         return dict(zip(names, outs))
@@ -162,33 +141,22 @@ class TableGroup(Mapping[str, Table]):
         ``(keys, offsets, grads, weights)`` with grads float32 ``[bags, dim]``.
         """
         code = _arrays.mode_code(mode)
-        names, given = list(grads), list(grads.values())
-        impls = self._live_impls(names)
-        applied = impls is not None and _core.group_apply_gradients(impls, given, code, names)
-        if not applied:
-            impls = []
-            checked: list[tuple[Any, ...]] = []
-            for name, entry in zip(names, given):
-                table = self._table(name)
-                if not isinstance(entry, tuple) or len(entry) not in (3, 4):
-                    msg = (
-                        f"grads[{name!r}] must be (keys, offsets, grads) or "
-                        "(keys, offsets, grads, weights)"
-                    )
-                    raise ValueError(msg)
-                k = _arrays.as_keys(entry[0])
-                off = _arrays.as_offsets(entry[1])
-                impls.append(table._live())
-                g = _arrays.as_grads(entry[2], off.shape[0] - 1, table.dim, "one row per bag")
-                w = _arrays.as_weights(entry[3], k.shape[0]) if len(entry) == 4 else None
-                checked.append((k, off, g) if w is None else (k, off, g, w))
-            if not _core.group_apply_gradients(impls, checked, code, names):
-                raise _not_taken(checked)
+        names = list(grads)
+        impls = []
+        checked: list[tuple[Any, ...]] = []
+        for name, entry in grads.items():
+            table = self._table(name)
+            if not isinstance(entry, tuple) or len(entry) not in (3, 4):
+                msg = (
+                    f"grads[{name!r}] must be (keys, offsets, grads) or "
+                    "(keys, offsets, grads, weights)"
+                )
+                raise ValueError(msg)
+            k = _arrays.as_keys(entry[0])
+            off = _arrays.as_offsets(entry[1])
+            impls.append(table._live())
+            g = _arrays.as_grads(entry[2], off.shape[0] - 1, table.dim, "one row per bag")
+            w = _arrays.as_weights(entry[3], k.shape[0]) if len(entry) == 4 else None
+            checked.append((k, off, g) if w is None else (k, off, g, w))
+        _core.group_apply_gradients(impls, checked, code, names)
         self._deliver_evicted(names)
-
-
-def _not_taken(checked: list[tuple[Any, ...]]) -> RuntimeError:
-    """The error for converted arrays the core still refused: a bug in embstore, not in the
-    caller's input (nothing ran)."""
-    forms = [tuple((a.dtype.str, a.shape, a.flags.c_contiguous) for a in f) for f in checked]
-    return RuntimeError(f"embstore internal error: the core refused converted arrays {forms}")
