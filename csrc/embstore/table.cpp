@@ -1,7 +1,7 @@
 #include "embstore/table.hpp"
 
 #include <algorithm>  // std::min, std::max
-#include <cmath>      // std::isfinite, std::sqrt
+#include <cmath>      // std::isfinite, std::sqrt, std::ceil
 #include <cstring>    // std::memcmp
 #include <stdexcept>  // std::invalid_argument
 #include <string>     // std::to_string
@@ -38,21 +38,26 @@ size_t default_shards(size_t capacity) {
   return s;
 }
 
-// Capacity is split into per-shard quotas (share - share/16) and a pool of the rest. A shard
-// below its quota can always take a row; beyond it, it borrows from the pool, and once the
-// pool is empty it evicts one of its own rows. No shard ever needs another shard's rows, so
-// there is no cross-shard locking, and a 1M-id table with capacity 1M still never evicts:
-// hashed ids spread within ~1% of the mean, far inside the 6.25% pool.
+// Capacity is split into per-shard quotas and a pool of the rest. A shard below its quota
+// can always take a row; beyond it, it borrows from the pool, and once the pool is empty it
+// evicts one of its own rows. No shard ever needs another shard's rows (no cross-shard
+// locking). Rows a light shard leaves under its quota cannot be lent, so the quota sits
+// 6 sigma of a shard's load (binomial: sigma = sqrt(share)) below its share: then no shard
+// of `capacity` hashed ids is left under its quota, and the pool covers every heavier one.
+// The reserve stays within [share/16, share/4], so a shard still gets 3/4 of its share
+// (the rows one apply may pin) on a full table. Quotas are accounting only: no memory.
 uint32_t shard_quota(size_t share, size_t num_shards) {
   if (num_shards == 1) return static_cast<uint32_t>(share);
-  return static_cast<uint32_t>(std::max<size_t>(1, share - share / 16));
+  const size_t six_sigma =
+      static_cast<size_t>(std::ceil(6.0 * std::sqrt(static_cast<double>(share))));
+  const size_t reserve = std::min(std::max(share / 16, six_sigma), share / 4);
+  return static_cast<uint32_t>(std::max<size_t>(1, share - reserve));
 }
 
-// Rows a shard may own: its share of the capacity plus slack for hash imbalance. A shard's
-// load is binomial (sigma = sqrt(share)); the fullest of 64 shards of W1's 1M ids was +3.5
-// sigma, so 4 sigma + 32 rarely binds, and when it does the shard just evicts early (quotas
+// Rows a shard may own: its share of the capacity plus slack for hash imbalance. With
+// 4 sigma + 32 a shard of random ids overflows it rarely (and then just evicts early: quotas
 // keep len <= capacity either way). The slack is kept small because its pages become
-// resident once neighbouring shards touch their huge pages (6 sigma cost ~13 B/row of RSS).
+// resident once neighbouring shards touch their huge pages (see docs/tuning.md).
 size_t shard_rows(size_t share, size_t num_shards, size_t capacity) {
   size_t rows = share;
   if (num_shards > 1) rows += static_cast<size_t>(4.0 * std::sqrt(static_cast<double>(share))) + 32;
