@@ -282,8 +282,8 @@ def test_defaults_shrink_with_more_fields() -> None:
     assert default_factor_scale(39) == pytest.approx(45 / 741)  # pairs of 10 and 39 fields
     lrs = [default_lr(f) for f in range(10, 100)]
     scales = [default_factor_scale(f) for f in range(10, 100)]
-    assert all(a > b for a, b in itertools.pairwise(lrs)) and all(0 < x for x in lrs)
-    assert all(a > b for a, b in itertools.pairwise(scales)) and all(0 < x for x in scales)
+    assert all(a > b for a, b in itertools.pairwise(lrs)) and all(x > 0 for x in lrs)
+    assert all(a > b for a, b in itertools.pairwise(scales)) and all(x > 0 for x in scales)
     for bad in (0, -3):
         with pytest.raises(ValueError, match="fields must be positive"):
             default_lr(bad)

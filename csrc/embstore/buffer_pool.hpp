@@ -3,9 +3,9 @@
 // BufferPool: recycles the memory of batch results (lookup outputs) between calls. A [B, D]
 // result is hundreds of KiB to many MiB, so the system allocator serves it with fresh pages
 // (glibc: mmap above its threshold, or a heap top it trims when the result is freed), and
-// writing it page-faults on every 4 KiB: 40% of a one-hot W1 forward (2,048 x 8 tables,
-// D=32) until something else in the process happened to raise glibc's thresholds. A buffer
-// released here is handed to the next request of the same size, its pages still mapped.
+// writing it page-faults on every 4 KiB (a large share of a one-hot forward, until something
+// else in the process happens to raise glibc's thresholds). A buffer released here is
+// handed to the next request of the same size, its pages still mapped.
 //
 // Buffers are 64-byte aligned. The pool keeps at most limit() bytes of released buffers, and
 // none larger than a quarter of it (a release beyond that frees the memory), so a one-off

@@ -14,7 +14,7 @@
 // If the shard's version is still that one when the apply takes its lock, nothing has
 // written to the shard since, so every recorded row of the shard still holds its id: the
 // apply skips the check, and with it the metadata line per id (it then sums duplicates in
-// a per-thread scratch array instead of the metadata): W1 backward 0.84-0.94x.
+// a per-thread scratch array instead of the metadata).
 #pragma once
 
 #include <cstdint>  // uint64_t
@@ -38,8 +38,7 @@ struct RowResolution {
   // another resolution replaces this one.
   bool refs_pending = false;
   // The lookup's ids grouped by shard (stable), when its locked pass planned them: the apply
-  // of the same ids takes this plan instead of grouping them again (W2: the apply 0.86-0.97x,
-  // median 0.95x, six alternated rounds of separate builds on the Xeon VM).
+  // of the same ids takes this plan instead of grouping them again.
   std::vector<uint32_t> order;        // (n) positions, shard by shard
   std::vector<uint32_t> shard_begin;  // (S + 1) each shard's first position in `order`
   bool planned = false;
@@ -47,7 +46,7 @@ struct RowResolution {
   // A table keeps its last lookup's resolution, in buffers that cycle between the tables
   // and the callers' workspaces: after a large batch (a 64K-id warm-up chunk) they would hold
   // that batch's capacity for good. Buffers over twice what this resolution needs (and over
-  // kShrinkAbove ids) are reallocated to fit (the W1 memory probe: 0.5 B/row less RSS). A
+  // kShrinkAbove ids) are reallocated to fit. A
   // resolution without a plan drops its stale one. (Batches alternating between sizes more
   // than 2x apart reallocate at each keep: a copy of what the batch wrote anyway.)
   static constexpr size_t kShrinkAbove = 16384;

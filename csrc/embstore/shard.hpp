@@ -21,14 +21,14 @@
 //    uint64 id is usable and a calloc'ed index needs no initialisation pass. The top bit of
 //    row + 1 is the slot's read mark (kReadMark): a lookup that does not insert marks its
 //    rows there, in the line its probe has just read, rather than in the reference bitmap
-//    (one more cache line per id: 8-12% of a read-only lookup, in-process A/B on the AMD
-//    EPYC VM); the CLOCK hand honours the mark like a reference bit (clock_victim).
+//    (one more cache line per id; see docs/tuning.md); the CLOCK hand honours the mark like
+//    a reference bit (clock_victim).
 //  - Per-row metadata (id, aux, last step) lives apart from the weights, so a CLOCK sweep
 //    reads 16 bytes per row instead of whole rows.
 //  - Per-row bits (CLOCK reference, occupied, dirty) live in bitmaps of their own (1 bit per
 //    row: 2 KiB for a 16K-row shard, cache-resident), so a lookup hit touches only its index
-//    slot and its row; keeping the reference bit in the metadata cost one more cache miss
-//    per id (56% of gather time, measured), and keeps RowMeta at 16 bytes.
+//    slot and its row (a reference bit in the metadata would cost one more cache miss per
+//    id), and RowMeta stays at 16 bytes.
 //  - `aux` is the free-list link of a free row, and the index of the row's gradient
 //    accumulator while an apply batch holds the lock (a non-empty aux pins the row).
 //  - `last_step` is the table step (Table::set_step) at which the row was last looked up or
@@ -176,8 +176,7 @@ class Bitmap {
 
 // What a probe of one shard's index reads: the Shard's own find and prefetch use it, and the
 // table keeps a copy per shard in one array (Table::views_), so the lock-free read kernel
-// reaches a slot without first loading the Shard object (W1 D=32 L=8 forward, 1 thread:
-// 6-14% faster, in-process A/B rounds).
+// reaches a slot without first loading the Shard object.
 struct IndexView {
   Slot* slots;  // read-only but for the read marks lookups set
   uint32_t num_slots;
@@ -188,9 +187,7 @@ struct IndexView {
   // Prefetches the line of the index slot where a probe for `hash` starts, and the line
   // after it: at 1.5 slots per row, 26% of successful probes read past their home slot's
   // line (the home is in the line's last slots, or the id sits further on), and that line
-  // was then a miss the probe waited for. W1 D=32 forward 0.90-0.98x at L=8 (median 0.93x,
-  // nine in-process A/Bs at 2 threads), 0.93x at L=1; W2 forward 0.96x. The next line only
-  // for homes late in their line: 0.93-1.03x. (Past the slot array's end it is a harmless
+  // was then a miss the probe waited for. (Past the slot array's end it is a harmless
   // prefetch of other memory.)
   void prefetch(uint64_t hash) const noexcept { prefetch_at(home(hash)); }
   void prefetch_at(uint32_t pos) const noexcept {

@@ -9,9 +9,9 @@
 // and its finish; an apply's plan and its update) and a trainer calls again within
 // microseconds, so a helper that finishes a job polls for the next one for up to spin_us()
 // before it sleeps, and a caller that runs out of tasks polls for its helpers to finish
-// before it sleeps. Waking a sleeping thread costs tens of microseconds here (W1 D=32 L=1
-// step 0.90x with 200 us, in-process A/B). Only while at most one caller is in the pool:
-// with more, the CPU a spinning thread would hold belongs to another caller's work (W3).
+// before it sleeps: waking a sleeping thread costs tens of microseconds. Only while at most
+// one caller is in the pool: with more, the CPU a spinning thread would hold belongs to
+// another caller's work.
 //
 // A task's exception stops the job's remaining tasks and is rethrown on the caller once every
 // helper has left the job (hnswlib's ParallelFor discipline). Thread-safe.

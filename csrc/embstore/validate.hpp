@@ -1,6 +1,6 @@
 // File: embstore/validate.hpp
 //
-// The argument checks every batch call runs before anything changes (defined in table.cpp),
+// The argument checks every batch call runs before anything changes (validate.cpp),
 // shared with callers that must raise exactly the same errors before they split a batch.
 #pragma once
 

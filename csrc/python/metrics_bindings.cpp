@@ -16,6 +16,8 @@
 #include "embstore/scoped_timer.hpp"  // metrics::histogram, snapshot_all, reset_all
 #include "embstore/table.hpp"         // Table::timers
 
+#include "python/bindings.hpp"  // bind_* declarations
+
 namespace py = pybind11;
 using embstore::HistogramSnapshot;
 using embstore::LatencyHistogram;
@@ -65,6 +67,8 @@ std::vector<std::pair<std::string, HistogramSnapshot>> table_histograms(
 
 }  // namespace
 
+namespace embstore_py {
+
 void bind_timers(py::module_& m) {
   py::class_<HistogramSnapshot>(m, "HistogramSnapshot")
       .def(py::init<>())
@@ -97,3 +101,5 @@ void bind_timers(py::module_& m) {
   m.def("table_histograms", &table_histograms, py::arg("table"));
   m.def("summarize_histograms", &summarize, py::arg("before"), py::arg("now"));
 }
+
+}  // namespace embstore_py

@@ -14,7 +14,11 @@
 #include "embstore/metrics.hpp"  // LatencyHistogram, HistogramSnapshot, timer_name
 #include "embstore/table.hpp"    // Table
 
+#include "python/bindings.hpp"  // bind_* declarations
+
 namespace py = pybind11;
+
+namespace embstore_py {
 
 void bind_metrics_raw(py::module_& m) {
   using embstore::HistogramSnapshot;
@@ -68,3 +72,5 @@ void bind_metrics_raw(py::module_& m) {
 
   m.def("latency_bucket_of", &LatencyHistogram::bucket_of, py::arg("ns"));
 }
+
+}  // namespace embstore_py

@@ -17,6 +17,8 @@
 #include "embstore/buffer_pool.hpp"  // BufferPool
 #include "embstore/route.hpp"        // RouteRequest, count_routes, fill_routes
 
+#include "python/bindings.hpp"  // bind_* declarations
+
 namespace py = pybind11;
 
 namespace {
@@ -90,6 +92,8 @@ std::vector<embstore::RouteRequest> requests_of(const py::list& batches,
 }
 
 }  // namespace
+
+namespace embstore_py {
 
 void bind_route(py::module_& m) {
   m.attr("ROUTE_SALT") = py::int_(embstore::kRouteSalt);
@@ -194,3 +198,5 @@ void bind_route(py::module_& m) {
       },
       py::arg("keys"), py::arg("num_routes"), py::arg("salt"));
 }
+
+}  // namespace embstore_py

@@ -1,4 +1,4 @@
-# Hand-written stub of the compiled module (csrc/bindings.cpp). Private: use embstore.Table.
+# Hand-written stub of the compiled module (csrc/python/). Private: use embstore.Table.
 # Arrays must already have the exact dtype, C-contiguous layout and shape (the facade in
 # embstore/table.py and embstore/group.py guarantees it); otherwise TypeError/ValueError.
 
@@ -14,34 +14,64 @@ class TimerSnapshot:
 
 def latency_between(before: TimerSnapshot, now: TimerSnapshot) -> dict[str, Any]: ...
 
-class Table:
+class TableConfig:
+    """A table's construction settings (embstore/config.hpp), flattened; enums as ints."""
+
     def __init__(
         self,
-        dim: int,
-        capacity: int,
-        num_shards: int,
-        num_threads: int,
-        eviction: int,
-        optimizer: int,
-        lr: float,
-        eps: float,
-        initial_accumulator: float,
-        momentum: float,
-        beta1: float,
-        beta2: float,
-        weight_decay: float,
-        ftrl_beta: float,
-        l1: float,
-        l2: float,
-        initializer: int,
-        init_a: float,
-        init_b: float,
-        seed: int,
-        admission_min_count: int,
-        admission_width: int,
-        admission_depth: int,
-        stage_evicted: bool,
+        *,
+        dim: int = ...,
+        capacity: int = ...,
+        num_shards: int = ...,
+        num_threads: int = ...,
+        eviction: int = ...,
+        optimizer: int = ...,
+        lr: float = ...,
+        eps: float = ...,
+        initial_accumulator: float = ...,
+        momentum: float = ...,
+        beta1: float = ...,
+        beta2: float = ...,
+        weight_decay: float = ...,
+        ftrl_beta: float = ...,
+        l1: float = ...,
+        l2: float = ...,
+        initializer: int = ...,
+        init_a: float = ...,
+        init_b: float = ...,
+        seed: int = ...,
+        admission_min_count: int = ...,
+        admission_width: int = ...,
+        admission_depth: int = ...,
+        stage_evicted: bool = ...,
     ) -> None: ...
+    dim: int
+    capacity: int
+    num_shards: int
+    num_threads: int
+    eviction: int
+    optimizer: int
+    lr: float
+    eps: float
+    initial_accumulator: float
+    momentum: float
+    beta1: float
+    beta2: float
+    weight_decay: float
+    ftrl_beta: float
+    l1: float
+    l2: float
+    initializer: int
+    init_a: float
+    init_b: float
+    seed: int
+    admission_min_count: int
+    admission_width: int
+    admission_depth: int
+    stage_evicted: bool
+
+class Table:
+    def __init__(self, config: TableConfig) -> None: ...
     @property
     def step(self) -> int: ...
     def set_step(self, step: int) -> None: ...
@@ -136,19 +166,23 @@ class Snapshot:
     def abort(self) -> None: ...
 
 def begin_snapshot(table: Table, mode: int) -> Snapshot: ...
+
+# TableGroup's calls: one tuple per table in canonical form (keys uint64 or int64 1-D,
+# offsets int64 1-D, grads float32 [bags, dim], weights float32 1-D or None; all
+# C-contiguous); anything else raises TypeError naming the table and the argument.
 def group_lookup_sum(
     tables: list[Table],
     features: list[tuple[Any, ...]],
     mode: int,
     insert: bool,
     labels: list[str],
-) -> list[npt.NDArray[np.float32]] | None: ...
+) -> list[npt.NDArray[np.float32]]: ...
 def group_apply_gradients(
     tables: list[Table],
     grads: list[tuple[Any, ...]],
     mode: int,
     labels: list[str],
-) -> bool: ...
+) -> None: ...
 def empty_rows(rows: int, dim: int) -> npt.NDArray[np.float32]: ...
 def output_pool_bytes() -> int: ...
 def output_pool_limit() -> int: ...

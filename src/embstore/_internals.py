@@ -22,7 +22,7 @@ __all__ = ["TableInternals", "make_core"]
 
 def make_core(spec: TableSpec) -> _core.Table:
     """The C++ table for ``spec``: the one place Python constructs it."""
-    return _core.Table(**spec.core_args())
+    return _core.Table(_core.TableConfig(**spec.core_args()))
 
 
 class TableInternals:

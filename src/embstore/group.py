@@ -241,8 +241,6 @@ class TableGroup(Mapping[str, Table]):
         code = _arrays.mode_code(mode)
         names, impls, batches = self.lookup_entries(features)
         outs = _core.group_lookup_sum(impls, batches, code, bool(insert), names)
-        if outs is None:
-            raise _not_taken(batches)
         if insert:  # only inserts evict
             self._deliver_evicted(names)
         return dict(zip(names, outs))
@@ -256,13 +254,5 @@ class TableGroup(Mapping[str, Table]):
         """
         code = _arrays.mode_code(mode)
         names, impls, batches = self.apply_entries(grads)
-        if not _core.group_apply_gradients(impls, batches, code, names):
-            raise _not_taken(batches)
+        _core.group_apply_gradients(impls, batches, code, names)
         self._deliver_evicted(names)
-
-
-def _not_taken(checked: list[tuple[Any, ...]]) -> RuntimeError:
-    """The error for arrays in the core's formats that the core still refused: a bug in
-    embstore, not in the caller's input (nothing ran)."""
-    forms = [tuple((a.dtype.str, a.shape, a.flags.c_contiguous) for a in f) for f in checked]
-    return RuntimeError(f"embstore internal error: the core refused converted arrays {forms}")

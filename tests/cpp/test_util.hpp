@@ -1,6 +1,6 @@
 // File: tests/cpp/test_util.hpp
 //
-// Helpers shared by the C++ tests (test_core.cpp, stress_index.cpp): the array aliases the
+// Helpers shared by the C++ tests (test_*.cpp, stress_index.cpp): the array aliases the
 // core's batch API takes, and random inputs.
 #pragma once
 
