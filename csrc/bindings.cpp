@@ -26,6 +26,8 @@
 
 namespace py = pybind11;
 using embstore::PoolMode;
+
+void bind_checkpoint(py::module_& m);  // python/checkpoint_bindings.cpp
 using embstore::Snapshot;
 using embstore::Table;
 
@@ -627,4 +629,5 @@ PYBIND11_MODULE(_core, m) {
         return summary_dict(h.summary());
       },
       py::arg("values_ns"));
+  bind_checkpoint(m);
 }
