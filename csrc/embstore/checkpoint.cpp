@@ -5,7 +5,6 @@
 #include <chrono>        // std::chrono::system_clock
 #include <exception>     // std::exception_ptr
 #include <filesystem>    // std::filesystem
-#include <regex>         // std::regex
 #include <set>           // std::set
 #include <stdexcept>     // std::invalid_argument
 #include <thread>        // std::thread
@@ -138,6 +137,29 @@ void write_snapshot(Table& table, Snapshot& snap, const std::string& path,
   w.finish();
 }
 
+bool is_hex(const std::string& s, size_t from, size_t n) {
+  for (size_t k = from; k < from + n; ++k) {
+    if (!((s[k] >= '0' && s[k] <= '9') || (s[k] >= 'a' && s[k] <= 'f'))) return false;
+  }
+  return true;
+}
+
+// A group's table file, tNNN-<12 hex>.ckpt (as the Python writer's pattern).
+bool is_table_file(const std::string& s) {
+  if (s.size() != 22 || s[0] != 't' || s[4] != '-' || s.compare(17, 5, ".ckpt") != 0) return false;
+  for (size_t k = 1; k < 4; ++k) {
+    if (s[k] < '0' || s[k] > '9') return false;
+  }
+  return is_hex(s, 5, 12);
+}
+
+// A writer's temporary file, .<name>.<12 hex>.tmp.
+bool is_temporary_file(const std::string& s) {
+  const size_t n = s.size();
+  return n >= 19 && s[0] == '.' && s.compare(n - 4, 4, ".tmp") == 0 && s[n - 17] == '.' &&
+         is_hex(s, n - 16, 12);
+}
+
 std::string save_impl(Table& table, const std::string& path, const TableLabel& label,
                       bool delta) {
   Snapshot snap(table, delta ? SnapshotMode::kDelta : SnapshotMode::kFull);
@@ -225,13 +247,10 @@ void save_group(const std::vector<std::pair<std::string, Table*>>& tables,
   manifest.set("crc32", Json::unsigned_integer(internal::crc32(text.data(), text.size())));
   internal::write_atomic(directory + "/MANIFEST.json", manifest.dump(false));
   for (size_t k = 0; k < snaps.size(); ++k) snaps[k]->commit(ids[k]);
-  static const std::regex old_file(R"(^t\d{3}-[0-9a-f]{12}\.ckpt$)");
-  static const std::regex tmp_file(R"(^\..+\.[0-9a-f]{12}\.tmp$)");
   std::error_code ec;
   for (const auto& f : fs::directory_iterator(directory, ec)) {
     const std::string name = f.path().filename().string();
-    if ((std::regex_match(name, old_file) && files.count(name) == 0) ||
-        std::regex_match(name, tmp_file)) {
+    if ((is_table_file(name) && files.count(name) == 0) || is_temporary_file(name)) {
       fs::remove(f.path(), ec);
     }
   }

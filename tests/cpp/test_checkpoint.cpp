@@ -322,10 +322,15 @@ TEST_CASE(group_round_trip) {
   auto b = trained(1024, 4, rng, universe, embstore::OptimizerKind::kAdagrad);
   const std::string dir = file("group");
   embstore::save_group({{"user", a.get()}, {"item", b.get()}}, dir);
+  std::ofstream(dir + "/.t000-x.ckpt.0123456789ab.tmp") << "stray";  // a crashed save's
+  std::ofstream(dir + "/notes.txt") << "kept";                         // not ours
   embstore::save_group({{"user", a.get()}, {"item", b.get()}}, dir);  // replaces the first
-  size_t files = 0;
-  for (const auto& f : fs::directory_iterator(dir)) files += f.path().extension() == ".ckpt";
-  CHECK(files == 2);
+  size_t files = 0, others = 0;
+  for (const auto& f : fs::directory_iterator(dir)) {
+    files += f.path().extension() == ".ckpt";
+    others += f.path().extension() != ".ckpt";
+  }
+  CHECK(files == 2 && others == 2);  // MANIFEST.json and notes.txt
   auto g = embstore::load_group(dir);
   CHECK(g.size() == 2 && g[0].first == "user" && g[1].first == "item");
   CHECK(dump(*g[0].second.table) == dump(*a) && dump(*g[1].second.table) == dump(*b));
