@@ -97,6 +97,7 @@ void write_snapshot(Table& table, Snapshot& snap, const std::string& path,
         Chunk* c = nullptr;
         if (!free.pop(c)) break;  // the writer failed
         c->n = snap.next(s, c->ids.data(), c->rows.data(), c->steps.data(), cap);
+        internal::test_chunk_pause();
         if (c->n == 0) {
           free.push(c);
           continue;

@@ -136,6 +136,15 @@ void bind_checkpoint(py::module_& m) {
       },
       py::arg("directory"), py::arg("num_threads") = py::none());
   m.def(
+      "table_checkpoint_id",
+      [](const embstore::Table& t) {
+        const std::string id = t.checkpoint_id();
+        return id.empty() ? py::none() : py::cast(id);
+      },
+      py::arg("table"),
+      "The id of the checkpoint the core last saved the table to or loaded it from (the "
+      "parent of its next core delta), or None.");
+  m.def(
       "checkpoint_read_header",
       [](const std::string& path) {
         py::gil_scoped_release release;

@@ -93,6 +93,11 @@ void test_pause(const std::string& point) {
   std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
+void test_chunk_pause() {
+  const char* us = std::getenv("EMBSTORE_CHECKPOINT_TEST_CHUNK_US");
+  if (us != nullptr) std::this_thread::sleep_for(std::chrono::microseconds(std::atol(us)));
+}
+
 void fsync_directory(const std::string& directory) noexcept {
   const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;

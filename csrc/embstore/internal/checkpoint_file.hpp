@@ -23,6 +23,9 @@ constexpr uint32_t kNoShard = 0xFFFFFFFFu;
 // The writer's test hook (tests/test_checkpoint_crash.py): when EMBSTORE_CHECKPOINT_TEST_PAUSE
 // names `point`, writes it to the file EMBSTORE_CHECKPOINT_TEST_MARKER names and sleeps.
 void test_pause(const std::string& point);
+// Test seam: sleeps EMBSTORE_CHECKPOINT_TEST_CHUNK_US microseconds (when set) after each
+// chunk a save copies out, so tests can stretch a save over many concurrent calls.
+void test_chunk_pause();
 void fsync_directory(const std::string& directory) noexcept;
 // Writes a small file atomically (a group's manifest).
 void write_atomic(const std::string& path, const std::string& data);
