@@ -10,6 +10,9 @@
 
 namespace embstore::internal {
 
+// Carry-less multiplication (PCLMULQDQ) where the CPU has it, else slicing-by-16 tables.
 uint32_t crc32(const void* data, size_t n, uint32_t crc = 0) noexcept;
+// The tables only (tests compare the two).
+uint32_t crc32_portable(const void* data, size_t n, uint32_t crc = 0) noexcept;
 
 }  // namespace embstore::internal
