@@ -61,9 +61,8 @@ embstore::LoadOptions load_options(std::optional<size_t> capacity,
   return o;
 }
 
-}  // namespace
-
-void bind_checkpoint(py::module_& m) {
+// CheckpointError -> embstore.CheckpointError; std::system_error -> OSError by errno.
+void register_checkpoint_errors() {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -76,6 +75,12 @@ void bind_checkpoint(py::module_& m) {
     }
   });
 
+}
+
+}  // namespace
+
+void bind_checkpoint(py::module_& m) {
+  register_checkpoint_errors();
   m.def(
       "checkpoint_save",
       [](const std::shared_ptr<embstore::Table>& table, const std::string& path, bool delta,
