@@ -1,6 +1,7 @@
 // Checkpoint throughput from C++ alone (no Python): W1-shaped tables (1M rows, D=32,
 // Adagrad, warm), embstore::save and embstore::load into each directory given, plus the
-// snapshot copy alone (Snapshot::next into a buffer, no file) as the floor of a save.
+// snapshot copy alone (Snapshot::next into a buffer, no file) as the floor of a save and
+// the construction of an empty table of the same configuration, a load's first step.
 //
 //   cmake --install build --prefix /tmp/es
 //   g++ -O2 -std=c++17 -I/tmp/es/include bench/checkpoint_cpp.cpp
@@ -78,6 +79,13 @@ int main(int argc, char** argv) {
     copy.push_back(bytes / seconds_of(t0) / 1e9);
   }
   std::printf("snapshot copy only: median %.2f GB/s\n", median(copy));
+  std::vector<double> build;
+  for (size_t r = 0; r < repeats; ++r) {  // a load's first step: the new, empty table
+    const auto t0 = std::chrono::steady_clock::now();
+    { embstore::Table empty(table.config()); }
+    build.push_back(bytes / seconds_of(t0) / 1e9);
+  }
+  std::printf("new empty table only (as file bytes / time): median %.2f GB/s\n", median(build));
   for (const std::string& dir : dirs) {
     const std::string path = dir + "/embstore-checkpoint-cpp-bench.ckpt";
     std::vector<double> save, load;
