@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <utility>
 #include <random>
 #include <string>
 #include <thread>
@@ -50,20 +51,27 @@ embstore::TableConfig item_config() {
   return c;
 }
 
-// A forward (pooled lookup, inserting) and its backward on `t`: 4 bags over `keys`.
-void step(embstore::Table& t, const std::vector<uint64_t>& keys, float scale) {
-  const size_t n = keys.size(), bags = 4, dim = t.dim();
-  const int64_t offsets[] = {0, int64_t(n / 4), int64_t(n / 2), int64_t(3 * n / 4), int64_t(n)};
-  std::vector<float> pooled(bags * dim), grads(bags * dim);
-  t.lookup_sum(keys.data(), n, offsets, bags, nullptr, embstore::PoolMode::kSum, true,
-               pooled.data());
-  for (size_t j = 0; j < grads.size(); ++j) grads[j] = scale * pooled[j];
-  t.apply_gradients(keys.data(), n, grads.data(), offsets, bags, nullptr, embstore::PoolMode::kSum);
+// A forward (pooled lookup, inserting) on `t`: 4 bags over `keys`; then its backward.
+constexpr size_t kBags = 4;
+
+std::vector<float> forward(embstore::Table& t, const std::vector<uint64_t>& keys,
+                           const int64_t* offsets) {
+  std::vector<float> pooled(kBags * t.dim());
+  t.lookup_sum(keys.data(), keys.size(), offsets, kBags, nullptr, embstore::PoolMode::kSum,
+               true, pooled.data());
+  return pooled;
+}
+
+void backward(embstore::Table& t, const std::vector<uint64_t>& keys, const int64_t* offsets,
+              std::vector<float> grads) {
+  t.apply_gradients(keys.data(), keys.size(), grads.data(), offsets, kBags, nullptr,
+                    embstore::PoolMode::kSum);
 }
 
 // Thread k's ids all live in shard k of a 4-shard table (shard = top 2 bits of mix64), so
 // each of its calls is atomic with respect to a save, and no other thread touches them:
-// after each call the thread records its rows, and the saved rows must be one record.
+// after each call (a forward may insert rows, a backward updates them) the thread records
+// its rows, and the saved rows must be one of the records.
 std::vector<uint64_t> ids_of_shard(size_t k, std::mt19937_64& rng) {
   std::vector<uint64_t> ids;
   while (ids.size() < kIdsPerThread) {
@@ -96,10 +104,14 @@ int live() {
       for (int t = 0; t < 2; ++t) history[t][k].push_back(rows_of(*tables[t], own[k]));
       std::mt19937_64 r(k);
       std::vector<uint64_t> batch(32);
+      const int64_t offsets[] = {0, 8, 16, 24, 32};
       while (!stop.load()) {
         for (auto& id : batch) id = own[k][r() % own[k].size()];
         for (int t = 0; t < 2; ++t) {
-          step(*tables[t], batch, 0.01f);
+          std::vector<float> grads = forward(*tables[t], batch, offsets);
+          history[t][k].push_back(rows_of(*tables[t], own[k]));
+          for (float& g : grads) g *= 0.01f;  // the gradient of a toy loss
+          backward(*tables[t], batch, offsets, std::move(grads));
           history[t][k].push_back(rows_of(*tables[t], own[k]));
         }
         calls.fetch_add(1);
