@@ -7,6 +7,9 @@ raise ``embstore.CheckpointError``."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -288,3 +291,38 @@ def test_bad_files_raise_checkpoint_error(tmp_path: Path) -> None:
         _core.checkpoint_save(t._impl, str(tmp_path / "x.ckpt"), delta=True)
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
     assert _core.checkpoint_read_header(str(good_path)).startswith("{")
+
+
+CRASH_CHILD = """
+import sys, numpy as np, embstore
+from embstore import _core
+t = embstore.Table(dim=4, capacity=4096, num_shards=2, initializer=embstore.Uniform(-1, 1, seed=2))
+t.lookup(np.arange(3000))
+_core.checkpoint_save(t._impl, sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("point", ["header", "section:1", "trailer", "fsync", "replace"])
+def test_core_save_killed_leaves_the_previous_file(tmp_path: Path, point: str) -> None:
+    """The core writer honours the Python writer's crash-test hook: killed at each point,
+    the previous checkpoint stays at the path, whole."""
+    t = trained(np.random.default_rng(8))
+    path, marker = tmp_path / "t.ckpt", tmp_path / "marker"
+    _core.checkpoint_save(t._impl, str(path))
+    before = path.read_bytes()
+    env = dict(
+        os.environ,
+        EMBSTORE_CHECKPOINT_TEST_PAUSE=point,
+        EMBSTORE_CHECKPOINT_TEST_MARKER=str(marker),
+    )
+    child = subprocess.Popen([sys.executable, "-c", CRASH_CHILD, str(path)], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.read_text() == point
+    finally:
+        child.kill()
+        child.wait()
+    assert path.read_bytes() == before
+    assert_same_arrays(checkpoint.read(path), t.export())
