@@ -16,4 +16,12 @@ class CapacityError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A checkpoint file is not one, is truncated or corrupted, has an unsupported format
+// version, or does not fit (a delta chain out of order, a delta of another table). The
+// message starts with the file's path. (I/O failures are std::system_error.)
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace embstore

@@ -21,6 +21,7 @@ Snapshot::Snapshot(Table& table, SnapshotMode mode)
   step_ = t_.step();
   track_ = t_.step_tracking();
   lr_ = t_.lr();
+  parent_id_ = t_.checkpoint_id();
   t_.snapshot_bookkeeping_.store(mode_ != SnapshotMode::kExport, std::memory_order_relaxed);
   t_.snapshot_gen_.store(gen_, std::memory_order_seq_cst);  // the snapshot's instant T
 }
@@ -97,7 +98,17 @@ void Snapshot::finish_shard(size_t s) {
   done_[s] = 1;
 }
 
-void Snapshot::commit() {
+std::string Table::checkpoint_id() const {
+  std::lock_guard<std::mutex> hold(checkpoint_id_mutex_);
+  return checkpoint_id_;
+}
+
+void Table::set_checkpoint_id(const std::string& id) {
+  std::lock_guard<std::mutex> hold(checkpoint_id_mutex_);
+  checkpoint_id_ = id;
+}
+
+void Snapshot::commit(const std::string& checkpoint_id) {
   if (!active()) throw std::logic_error("the snapshot is finished");
   for (size_t s = 0; s < done_.size(); ++s) {
     if (!done_[s]) {
@@ -115,6 +126,7 @@ void Snapshot::commit() {
                         std::chrono::steady_clock::now() - start_)
                         .count();
     t_.record_latency(Timer::kSave, static_cast<uint64_t>(ns));
+    t_.set_checkpoint_id(checkpoint_id);  // before release: the next snapshot reads it
   }
   release();
 }

@@ -36,6 +36,7 @@
 #include <chrono>   // std::chrono::steady_clock
 #include <cstddef>  // size_t
 #include <cstdint>  // uint64_t, uint32_t, uint16_t
+#include <string>   // std::string
 #include <vector>   // std::vector
 
 #include "embstore/table.hpp"  // Table
@@ -70,9 +71,14 @@ class Snapshot {
   const std::vector<uint64_t>& removed(size_t s) const { return removed_.at(s); }
   const std::vector<uint16_t>& sketch(size_t s) const { return sketch_.at(s); }
 
+  // The table's checkpoint id when the snapshot began (Table::checkpoint_id): the parent
+  // of a delta written from this snapshot.
+  const std::string& parent_id() const noexcept { return parent_id_; }
+
   // Checkpoints: call once the file is durable (every shard must be done); records the
-  // table's "save" latency.
-  void commit();
+  // table's "save" latency. kFull/kDelta: the table's checkpoint id becomes `checkpoint_id`
+  // (the file's; empty: unknown to the core, so the next delta needs a full save first).
+  void commit(const std::string& checkpoint_id = std::string());
   // Gives up: rows keep their dirty bits and removed ids stay logged for the next
   // checkpoint. Safe to call more than once.
   void abort() noexcept;
@@ -90,6 +96,7 @@ class Snapshot {
   uint32_t step_ = 0;
   bool track_ = false;
   float lr_ = 0;
+  std::string parent_id_;
   bool finished_ = false;
   std::vector<char> done_;
   std::vector<std::vector<uint64_t>> removed_;

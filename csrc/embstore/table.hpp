@@ -192,6 +192,11 @@ class Table {
   // (false, and nothing changes, when the sizes differ).
   std::vector<uint16_t> sketch_counters(size_t s);
   bool restore_sketch(size_t s, const uint16_t* counters, size_t count);
+  // The id of the checkpoint this table's rows were last saved to or loaded from ("" when
+  // none): the parent of its next delta (checkpoint.hpp). Set by Snapshot::commit and by a
+  // load; defined in snapshot.cpp.
+  std::string checkpoint_id() const;
+  void set_checkpoint_id(const std::string& id);
   // Records a duration into one of the table's latency histograms.
   void record_latency(Timer t, uint64_t ns) noexcept {
     if (metrics_enabled()) timer(t).record(ns);
@@ -301,6 +306,8 @@ class Table {
   bool snapshot_busy_ = false;
   uint64_t active_gen_ = 0;  // the running snapshot's generation, 0 when none
   std::vector<PreImages> preimages_;  // per shard, guarded by its lock
+  mutable std::mutex checkpoint_id_mutex_;  // taken inside snapshot_mutex_, never around it
+  std::string checkpoint_id_;
   // The last training lookup's resolution (resolution.hpp), handed over by swapping buffers
   // (no allocation once warm); the mutex is taken once per call, never per id.
   std::mutex resolution_mutex_;

@@ -87,4 +87,5 @@ PYBIND11_MODULE(_core, m) {
   embstore_py::bind_timers(m);
   embstore_py::bind_metrics_raw(m);
   embstore_py::bind_route(m);
+  embstore_py::bind_checkpoint(m);
 }

@@ -245,3 +245,30 @@ def summarize_buckets(
     counts: npt.NDArray[np.uint64], sum_ns: int, max_ns: int
 ) -> dict[str, float]: ...
 def latency_bucket_of(ns: int) -> int: ...
+def checkpoint_save(
+    table: Table,
+    path: str,
+    *,
+    delta: bool = False,
+    name: str | None = None,
+    num_threads: int | None = None,
+) -> str: ...
+def checkpoint_load(
+    path: str,
+    deltas: list[str] = ...,
+    *,
+    capacity: int | None = None,
+    num_shards: int | None = None,
+    num_threads: int | None = None,
+    eviction: int | None = None,
+    stage_evicted: bool = False,
+    keep_recent: bool = False,
+    keep_route: tuple[int, int, int] | None = None,
+) -> dict[str, Any]: ...
+def checkpoint_save_group(tables: list[tuple[str, Table]], directory: str) -> None: ...
+def checkpoint_load_group(
+    directory: str, num_threads: int | None = None
+) -> list[tuple[str, dict[str, Any]]]: ...
+def checkpoint_read_header(path: str) -> str: ...
+def table_checkpoint_id(table: Table) -> str | None: ...
+def route(ids: npt.NDArray[np.uint64], salt: int, num_shards: int) -> npt.NDArray[np.uint32]: ...
