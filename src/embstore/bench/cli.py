@@ -38,6 +38,16 @@ def _str_list(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+def _add_workload_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workload",
+        choices=("w1", "w5"),
+        default="w1",
+        help="w1 (default) or w5: the 26 Criteo-sized tables, D=16, L=1, B=512,128; "
+        "--universe then caps each table's rows (default 100,000; --full: no cap)",
+    )
+
+
 def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentParser:
     """The ``bench`` argument parser."""
     quick, full = BenchConfig(), BenchConfig.full()
@@ -56,13 +66,7 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
         help="canonical W1 sizes (T=8, U=1,000,000, B=2048, D=32, L=1,8, "
         "threads 1,2, 20 timed batches, 3 passes); other flags override",
     )
-    p.add_argument(
-        "--workload",
-        choices=("w1", "w5"),
-        default="w1",
-        help="w1 (default) or w5: the 26 Criteo-sized tables, D=16, L=1, B=512,128; "
-        "--universe then caps each table's rows (default 100,000; --full: no cap)",
-    )
+    _add_workload_flag(p)
     p.add_argument("--tables", type=_positive_int, metavar="T", help="tables (default 8)")
     p.add_argument(
         "--universe",
