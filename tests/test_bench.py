@@ -643,3 +643,11 @@ def test_a_peer_that_does_not_fit_in_memory_is_skipped(monkeypatch: pytest.Monke
     monkeypatch.setattr(runner, "available_bytes", lambda: 1 << 20)
     report = run(cfg)
     assert report["results"] == [] and "numpy D=16 threads=-" in report["skipped"]
+
+
+def test_w5_plot_shows_the_headline_batch(w5_report: dict[str, Any], tmp_path: Any) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    from embstore.bench.plot import plot_report
+
+    out = plot_report(w5_report, tmp_path / "w5.png")
+    assert out.stat().st_size > 0
