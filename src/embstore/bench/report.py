@@ -225,17 +225,18 @@ def format_passes(results: Sequence[dict[str, Any]]) -> list[str]:
     if not results:
         return []
     lowest = min(r["threads"] for r in results)
-    cases: dict[tuple[int, int, int], list[str]] = {}
+    by_batch = len({r.get("batch_size") for r in results}) > 1
+    cases: dict[tuple[int, int, int, int], list[str]] = {}
     for r in results:
         per = r.get("pass_step_ms") or []
         if len(per) < 2 or (r["measured_threads"] is None and r["threads"] != lowest):
             continue  # a single-threaded peer is listed once per (D, L)
-        cases.setdefault((r["dim"], r["pooling"], r["threads"]), []).append(
-            f"{r['peer']} {', '.join(_fmt(x) for x in per)}"
-        )
+        key = (r.get("batch_size") or 0, r["dim"], r["pooling"], r["threads"])
+        cases.setdefault(key, []).append(f"{r['peer']} {', '.join(_fmt(x) for x in per)}")
     return [
-        f"- step ms per pass, D={dim} L={lp} threads={threads}: {'; '.join(parts)}"
-        for (dim, lp, threads), parts in cases.items()
+        f"- step ms per pass, {f'B={bs} ' if by_batch else ''}D={dim} L={lp} threads={threads}: "
+        f"{'; '.join(parts)}"
+        for (bs, dim, lp, threads), parts in cases.items()
     ]
 
 
