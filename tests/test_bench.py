@@ -685,3 +685,181 @@ def test_markdown_flag_writes_the_page(tmp_path: Any, capsys: pytest.CaptureFixt
     assert "| D, L | embstore step, 2 threads |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--markdown"])
+
+
+
+# --------------------------------------------------------------------------------------
+# W5: 26 Criteo-sized tables
+# --------------------------------------------------------------------------------------
+
+
+def test_w5_tables_have_criteo_sizes_ids_and_a_permuted_placement() -> None:
+    from embstore.bench import splitmix64
+    from embstore.bench.w5 import CRITEO_CARDINALITIES, make_w5_tables, w5_cardinalities
+
+    assert len(CRITEO_CARDINALITIES) == 26 and sum(CRITEO_CARDINALITIES) == 33_762_577
+    assert w5_cardinalities() == list(CRITEO_CARDINALITIES)
+    capped = w5_cardinalities(1000)
+    assert capped == [min(c, 1000) for c in CRITEO_CARDINALITIES]
+    assert capped[8] == 3 and capped[5] == 24  # small tables keep their real sizes
+    with pytest.raises(ValueError, match="max_rows"):
+        w5_cardinalities(0)
+    tables = make_w5_tables(1000)
+    assert [t.universe for t in tables] == capped
+    for t, tab in enumerate(tables):
+        ranks = np.arange(tab.universe, dtype=np.uint64)
+        np.testing.assert_array_equal(tab.ids, splitmix64(ranks + np.uint64(t << 32)))
+        np.testing.assert_array_equal(np.sort(tab.row), np.arange(tab.universe))
+        np.testing.assert_array_equal(tab.warm_ids[tab.row], tab.ids)
+    big = tables[2]
+    assert not np.array_equal(big.row, np.arange(1000))  # not the identity
+    assert not np.array_equal(big.row, tables[3].row)  # one permutation per table
+    again = make_w5_tables(1000, num_tables=3)
+    assert len(again) == 3
+    np.testing.assert_array_equal(again[2].row, big.row)  # fixed seed
+
+
+def test_w5_batches_draw_each_table_over_its_own_universe() -> None:
+    from embstore.bench.w5 import make_w5_tables
+
+    tables = make_w5_tables(500)
+    wl = make_workload(
+        num_tables=26, universe=500, batch_size=256, pooling=1, dim=16, num_batches=2,
+        tables=tables,
+    )  # fmt: skip
+    for batch in wl.batches:
+        assert batch.num_ids == 26 * 256
+        for tab, keys, rows in zip(tables, batch.keys, batch.rows):
+            assert rows.min() >= 0 and rows.max() < tab.universe
+            np.testing.assert_array_equal(tab.warm_ids[rows], keys)
+    assert set(np.unique(wl.batches[0].keys[8])) <= set(tables[8].ids)  # the 3-row table
+    # Zipf: the hottest rank of a big table is drawn far more often than 1/U.
+    hot = tables[2].ids[0]
+    assert np.mean(wl.batches[0].keys[2] == hot) > 20 / 500
+
+
+@pytest.fixture(scope="module")
+def w5_report() -> dict[str, Any]:
+    from embstore.bench import BenchConfig, run
+
+    cfg = BenchConfig.w5()
+    cfg.universe = 300
+    cfg.batch_sizes = (64, 16)
+    cfg.batches, cfg.warmup = 2, 1
+    cfg.peers = ("embstore", "numpy")
+    cfg.progress = False
+    cfg.floor_array_mib = 8
+    return run(cfg)
+
+
+def test_w5_tiny_run_verifies_every_peer_at_every_batch_size(w5_report: dict[str, Any]) -> None:
+    from embstore.bench import format_report
+
+    ver = w5_report["verification"]
+    # embstore at 1 and 2 threads and numpy, at each batch size.
+    assert sorted((v["peer"], v["batch_size"]) for v in ver) == sorted(
+        [("embstore", 64), ("embstore", 64), ("numpy", 64)]
+        + [("embstore", 16), ("embstore", 16), ("numpy", 16)]
+    )
+    assert all(v["forward_max_abs_err"] == 0.0 for v in ver if v["peer"] == "embstore")
+    rows = w5_report["results"]
+    assert {(r["batch_size"], r["threads"]) for r in rows} == {(64, 1), (64, 2), (16, 1), (16, 2)}
+    es = [r for r in rows if r["peer"] == "embstore"]
+    assert all(r["floor_ms"] > 0 and r["floor_ratio"] > 0 for r in es)
+    for r in rows:
+        assert r["ids_per_s"] == pytest.approx(26 * r["batch_size"] / (r["step_ms"] * 1e-3))
+    text = format_report(w5_report)
+    assert "## embstore bench: W5" in text and "Criteo cardinalities capped at 300" in text
+    assert "### Summary, B=64" in text and "### Summary, B=16" in text
+    assert "Targets (issue 32, W5)" in text and "ids/s at B=16 / ids/s at B=64" in text
+    assert "traffic floor B=16 D=16 L=1" in text
+    assert "(1-4 shards per table)" not in text  # capped at 300 rows: one shard each
+    mem = w5_report["memory"][0]
+    assert mem["rows"] == sum(min(c, 300) for c in _criteo())
+
+
+def _criteo() -> tuple[int, ...]:
+    from embstore.bench.w5 import CRITEO_CARDINALITIES
+
+    return CRITEO_CARDINALITIES
+
+
+def test_w5_targets_table_judges_each_target() -> None:
+    from embstore.bench.targets_w5 import format_w5_targets, w5_target_values
+
+    def row(peer: str, bs: int, t: int, fwd: float, step: float, floor: float) -> dict[str, Any]:
+        return {
+            "peer": peer, "batch_size": bs, "threads": t, "forward_ms": fwd, "step_ms": step,
+            "floor_ms": floor if peer == "embstore" else None,
+            "floor_ratio": step / floor if peer == "embstore" else None,
+            "ids_per_s": 26 * bs / step,
+        }  # fmt: skip
+
+    results = [
+        row("embstore", 512, 1, 1.0, 4.0, 2.0),
+        row("embstore", 512, 2, 0.6, 2.4, 1.2),  # 1.67x speedup, floor's 1.67x: 1.0
+        row("torch", 512, 1, 1.2, 9.0, 0.0),
+        row("torch", 512, 2, 0.5, 9.0, 0.0),
+        row("fbgemm", 512, 1, 2.0, 8.0, 0.0),
+        row("fbgemm", 512, 2, 2.0, 9.0, 0.0),
+        row("embstore", 128, 1, 0.5, 2.0, 1.0),
+        row("embstore", 128, 2, 0.5, 1.6, 0.6),
+    ]
+    vals = {(text, bs): v for text, bs, _, _, v in w5_target_values(results)}
+    assert vals[("embstore step / traffic floor", 512)] == {1: 2.0, 2: 2.0}
+    fwd = vals[("embstore fwd / torch fwd (same threads)", 512)]
+    assert fwd[1] == pytest.approx(1 / 1.2) and fwd[2] == pytest.approx(1.2)
+    assert vals[("FBGEMM step (best threads) / embstore step", 512)][2] == pytest.approx(8 / 2.4)
+    assert vals[("speedup over 1 thread / the floor's", 512)][2] == pytest.approx(1.0)
+    ratio = vals[("ids/s at B=128 / ids/s at B=512", 128)][2]
+    assert ratio == pytest.approx((128 / 1.6) / (512 / 2.4))
+    text = format_w5_targets(results)
+    line = next(x for x in text.splitlines() if x.startswith("| embstore fwd / torch"))
+    assert line.endswith("NOT met |")  # 1.2x at 2 threads
+    assert "| n/a |" in text  # no FBGEMM at B=128
+
+
+def test_w5_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    from embstore.bench import cli
+
+    cfg = cli.config_from_args(cli.build_parser().parse_args(["--workload", "w5"]))
+    assert (cfg.workload, cfg.num_tables, cfg.universe) == ("w5", 26, 100_000)
+    assert cfg.cases_batch == (512, 128) and cfg.dims == (16,) and cfg.poolings == (1,)
+    full = cli.config_from_args(cli.build_parser().parse_args(["--workload", "w5", "--full"]))
+    assert full.universe == 10_131_227 and full.passes == 3
+    small = cli.config_from_args(
+        cli.build_parser().parse_args(["--workload", "w5", "--batch", "128", "--universe", "10"])
+    )
+    assert small.cases_batch == (128,) and sum(t.universe for t in small.make_tables()) < 26 * 10
+    with pytest.raises(ValueError, match="--tables"):
+        cli.config_from_args(cli.build_parser().parse_args(["--workload", "w5", "--tables", "27"]))
+
+
+def test_a_peer_that_does_not_fit_in_memory_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before building a peer's tables the runner checks them against MemAvailable."""
+    from embstore.bench import BenchConfig, run, runner
+    from embstore.bench.peer_dense import NumpyDensePeer
+    from embstore.bench.w5 import make_w5_tables
+
+    tables = make_w5_tables(1_000_000)
+    rows = sum(min(c, 1_000_000) for c in _criteo())
+    assert NumpyDensePeer.memory_bytes(tables, 16) == rows * 128  # weights + accumulators
+    monkeypatch.setattr(runner, "available_bytes", lambda: 3 << 29)
+    why = runner._no_room(NumpyDensePeer, tables, 16)
+    assert why is not None and f"{rows * 128 / 2**30:.1f} GiB" in why
+    assert "1.5 GiB is available" in why
+    assert runner._no_room(NumpyDensePeer, tables[:2], 16) is None  # 262 KiB fits
+    cfg = BenchConfig.w5()
+    cfg.universe, cfg.batch_sizes, cfg.batches, cfg.warmup = 50, (8,), 1, 0
+    cfg.peers, cfg.progress, cfg.floor = ("numpy",), False, False
+    monkeypatch.setattr(runner, "available_bytes", lambda: 1 << 20)
+    report = run(cfg)
+    assert report["results"] == [] and "numpy D=16 threads=-" in report["skipped"]
+
+
+def test_w5_plot_shows_the_headline_batch(w5_report: dict[str, Any], tmp_path: Any) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    from embstore.bench.plot import plot_report
+
+    out = plot_report(w5_report, tmp_path / "w5.png")
+    assert out.stat().st_size > 0

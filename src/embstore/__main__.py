@@ -35,7 +35,7 @@ def _demo(argv: Sequence[str]) -> int:
 #: name -> Command.
 COMMANDS: dict[str, Command] = {
     "bench": Command(
-        "run WORKLOADS.md W1 for embstore and its peers (numpy, torch, FBGEMM, pandas), verified "
+        "run W1 for embstore and its peers (numpy, torch, FBGEMM, pandas), verified "
         "against numpy, and print a markdown table (quick by default, --full for W1 size)",
         _bench,
     ),

@@ -16,6 +16,7 @@ from embstore.bench.reference import VerificationError
 from embstore.bench.report import format_report
 from embstore.bench.results_io import load_report, load_results
 from embstore.bench.runner import BenchConfig, run
+from embstore.bench.w5 import CRITEO_CARDINALITIES
 from embstore.bench.workload import placement
 
 
@@ -39,6 +40,16 @@ def _str_list(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+def _add_workload_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workload",
+        choices=("w1", "w5"),
+        default="w1",
+        help="w1 (default) or w5: the 26 Criteo-sized tables, D=16, L=1, B=512,128; "
+        "--universe then caps each table's rows (default 100,000; --full: no cap)",
+    )
+
+
 def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentParser:
     """The ``bench`` argument parser."""
     quick, full = BenchConfig(), BenchConfig.full()
@@ -57,6 +68,7 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
         help="canonical W1 sizes (T=8, U=1,000,000, B=2048, D=32, L=1,8, "
         "threads 1,2, 20 timed batches, 3 passes); other flags override",
     )
+    _add_workload_flag(p)
     p.add_argument("--tables", type=_positive_int, metavar="T", help="tables (default 8)")
     p.add_argument(
         "--universe",
@@ -64,7 +76,12 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
         metavar="U",
         help=f"ids per table, all inserted before timing (default {quick.universe:,})",
     )
-    p.add_argument("--batch", type=_positive_int, metavar="B", help="examples per batch (2048)")
+    p.add_argument(
+        "--batch",
+        type=_int_list,
+        metavar="B[,B...]",
+        help="examples per batch (2048; W5 512,128), each timed on the same tables",
+    )
     p.add_argument("--dim", type=_int_list, metavar="D[,D...]", help="embedding dims (32)")
     p.add_argument(
         "--pooling", type=_int_list, metavar="L[,L...]", help="ids per example per table (1,8)"
@@ -153,11 +170,15 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """A :class:`BenchConfig` from parsed flags (``--full`` first, then explicit flags)."""
-    cfg = BenchConfig.full() if args.full else BenchConfig()
+    if args.workload == "w5":
+        cfg = BenchConfig.w5(full=args.full)
+    else:
+        cfg = BenchConfig.full() if args.full else BenchConfig()
     overrides: dict[str, Any] = {
         "num_tables": args.tables,
         "universe": args.universe,
-        "batch_size": args.batch,
+        "batch_size": args.batch[0] if args.batch else None,
+        "batch_sizes": args.batch,
         "dims": args.dim,
         "poolings": args.pooling,
         "threads": args.threads,
@@ -178,7 +199,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if cfg.warmup < 0:
         msg = "--warmup must be >= 0"
         raise ValueError(msg)
-    placement(cfg.universe)  # fail early on a universe that breaks the placement order
+    if cfg.workload == "w5":
+        if cfg.num_tables > len(CRITEO_CARDINALITIES):
+            msg = f"--tables: W5 has {len(CRITEO_CARDINALITIES)} tables, got {cfg.num_tables}"
+            raise ValueError(msg)
+    else:
+        placement(cfg.universe)  # fail early on a universe that breaks the placement order
     return cfg
 
 

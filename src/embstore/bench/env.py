@@ -122,6 +122,18 @@ def others_cores(start: tuple[float, float, float] | None) -> float | None:
     return max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0]))
 
 
+def available_bytes() -> int | None:
+    """Memory the kernel could give a new allocation (``MemAvailable``; ``None`` if unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def loadavg() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]

@@ -267,6 +267,8 @@ class Traffic:
     forward_bytes: float
     update_bytes: float
     stream_bytes: float
+    #: Examples per batch.
+    batch_size: int = 0
 
     @property
     def total_bytes(self) -> float:
@@ -298,6 +300,7 @@ def step_traffic(batches: Sequence[Batch], dim: int) -> Traffic:
         forward_bytes=u * _lines(4 * dim),
         update_bytes=u * _lines(embstore_row_bytes(dim)),
         stream_bytes=2 * n * 8 + 2 * pooled,
+        batch_size=first.batch_size,
     )
 
 

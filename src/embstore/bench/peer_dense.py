@@ -106,6 +106,11 @@ class PandasIndexPeer(Peer):
             return "skipped: pandas not installed"
         return None
 
+    @classmethod
+    def memory_bytes(cls, tables: Sequence[TableData], dim: int) -> int:
+        # Dense rows, plus the index's values and its hash table (~5 words an id).
+        return sum(tab.universe for tab in tables) * (8 * dim + 40)
+
     def setup(self, tables: Sequence[TableData], dim: int) -> None:
         pd = importlib.import_module("pandas")
         for tab in tables:

@@ -16,6 +16,7 @@ import numpy as np
 
 from embstore.bench.env import resident_bytes
 from embstore.bench.peers import Peer, register_peer
+from embstore.bench.w5 import make_w5_tables
 from embstore.bench.workload import EPS, LR, Batch, F32Array, TableData, U64Array, make_tables
 
 #: Ids inserted per warm-up call (bounds the temporary output buffer).
@@ -65,14 +66,20 @@ def embstore_tables(
     return out
 
 
-def memory_probe(num_tables: int, universe: int, dim: int, threads: int | None) -> dict[str, Any]:
+def memory_probe(
+    num_tables: int, universe: int, dim: int, threads: int | None, workload: str = "w1"
+) -> dict[str, Any]:
     """Resident memory of ``num_tables`` warm embstore tables, measured in this process.
 
     Meant to run in a fresh interpreter (see :func:`probe_memory`): the resident set
     before creating the tables, after creating them (shows how much of the arena is
-    committed up front) and after inserting all ``universe`` ids of each.
+    committed up front) and after inserting all ``universe`` ids of each (``workload``
+    "w5": W5's tables, ``universe`` capping their rows).
     """
-    tables = make_tables(num_tables, universe)
+    if workload == "w5":
+        tables = make_w5_tables(universe, num_tables)
+    else:
+        tables = make_tables(num_tables, universe)
     gc.collect()
     rss0 = resident_bytes()
     made = list(embstore_tables(tables, dim, threads=threads, warm=False).values())
@@ -97,7 +104,9 @@ def memory_probe(num_tables: int, universe: int, dim: int, threads: int | None) 
     return out
 
 
-def probe_memory(num_tables: int, universe: int, dim: int, threads: int | None) -> dict[str, Any]:
+def probe_memory(
+    num_tables: int, universe: int, dim: int, threads: int | None, workload: str = "w1"
+) -> dict[str, Any]:
     """Run :func:`memory_probe` in a fresh interpreter and return its result.
 
     A fresh process is needed because memory freed by earlier tables (or peers) stays in
@@ -109,7 +118,8 @@ def probe_memory(num_tables: int, universe: int, dim: int, threads: int | None) 
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     code = (
         "import json; from embstore.bench import memory_probe; "
-        f"print(json.dumps(memory_probe({num_tables}, {universe}, {dim}, {threads!r})))"
+        f"print(json.dumps(memory_probe({num_tables}, {universe}, {dim}, {threads!r}, "
+        f"{workload!r})))"
     )
     try:
         proc = subprocess.run(
@@ -124,6 +134,12 @@ def probe_memory(num_tables: int, universe: int, dim: int, threads: int | None) 
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
         return {"dim": dim, "error": f"memory probe failed: {exc}"}
     return result
+
+
+def _span(xs: Sequence[int]) -> str:
+    """``"4"`` if all equal, else ``"1-64"``."""
+    lo, hi = min(xs, default=0), max(xs, default=0)
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
 
 @register_peer
@@ -154,6 +170,11 @@ class EmbstorePeer(Peer):
             return f"skipped: embstore core not importable ({exc})"
         return None
 
+    @classmethod
+    def memory_bytes(cls, tables: Sequence[TableData], dim: int) -> int:
+        # Id + weights + accumulators, plus index and slack (measured: 1.26x at D=16).
+        return int(sum(tab.universe for tab in tables) * (8 + 8 * dim) * 1.4)
+
     def setup(self, tables: Sequence[TableData], dim: int) -> None:
         es = importlib.import_module("embstore")
         by_name = embstore_tables(
@@ -169,7 +190,7 @@ class EmbstorePeer(Peer):
         self._extra = {
             "rows": rows,
             "stats_bytes_per_row": stats[0].get("bytes_per_row"),
-            "num_shards": stats[0].get("num_shards"),
+            "num_shards": _span([int(st.get("num_shards", 0)) for st in stats]),
             "evictions_during_warmup": evictions,
         }
         expected = sum(tab.universe for tab in tables)

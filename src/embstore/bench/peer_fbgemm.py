@@ -124,6 +124,12 @@ class FbgemmTbePeer(Peer):
             return f"skipped: fbgemm_gpu not importable ({exc}); install it with {FBGEMM_INSTALL}"
         return None
 
+    @classmethod
+    def memory_bytes(cls, tables: Sequence[TableData], dim: int) -> int:
+        # Dense rows, plus one table's initial rows while they are copied in.
+        dense = super().memory_bytes(tables, dim)
+        return dense + max((tab.universe for tab in tables), default=0) * 4 * dim
+
     def setup(self, tables: Sequence[TableData], dim: int) -> None:
         torch = import_torch()
         fb = import_fbgemm()

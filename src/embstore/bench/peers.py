@@ -43,6 +43,13 @@ class Peer:
         """Why the peer cannot run here (a missing package), or ``None`` if it can."""
         return None
 
+    @classmethod
+    def memory_bytes(cls, tables: Sequence[TableData], dim: int) -> int:
+        """Bytes the peer's tables will hold (an estimate, checked against the memory
+        available before :meth:`setup`). Default: dense float32 weights and Adagrad
+        accumulators, ``8 * D`` bytes a row."""
+        return sum(tab.universe for tab in tables) * 8 * dim
+
     def setup(self, tables: Sequence[TableData], dim: int) -> None:
         """Build the tables and insert all ``U`` ids of each, in placement order."""
         raise NotImplementedError

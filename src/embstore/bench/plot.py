@@ -64,7 +64,9 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
         msg = "the report has no results to plot"
         raise ValueError(msg)
     cfg = report["config"]
-    batch = int(cfg["batch_size"])
+    # W5 times several batch sizes: the plot shows the headline one (the first).
+    batch = int((cfg.get("batch_sizes") or [cfg["batch_size"]])[0])
+    results = [r for r in results if r.get("batch_size") in (None, 0, batch)]
     cases = _cases(results)
     peers = list(dict.fromkeys(r["peer"] for r in results))
     by = {(r["peer"], r["dim"], r["pooling"], r["threads"]): r for r in results}
@@ -100,7 +102,8 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
     ax1.set_yscale("log")
     ax1.set_ylabel("step throughput, examples/s (log)")
     ax1.set_title(
-        f"W1 step throughput by peer (T={cfg['num_tables']}, U={cfg['universe']:,}, B={batch})"
+        f"{str(cfg.get('workload', 'w1')).upper()} step throughput by peer "
+        f"(T={cfg['num_tables']}, U={cfg['universe']:,}, B={batch})"
     )
     ax1.grid(axis="y", which="both", alpha=0.3)
     ax1.legend(

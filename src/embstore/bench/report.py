@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 
 from embstore.bench.targets import Verdict, evaluate, index_results
+from embstore.bench.targets_w5 import format_w5_targets
+from embstore.bench.w5 import w5_cardinalities
 from embstore.bench.workload import EPS, LR, ZIPF_ALPHA
 
 #: Universe of W1 at full size: the targets are defined there.
@@ -44,6 +46,8 @@ class ResultRow:
     floor_ratio: float | None = None
     #: Median step (ms) of each pass, in pass order (the run's ``passes``).
     pass_step_ms: list[float] = field(default_factory=list)
+    #: Examples per batch (W5 times two batch sizes on the same tables).
+    batch_size: int = 0
 
 
 def median_ms(xs: Sequence[float]) -> float:
@@ -69,16 +73,18 @@ def _fmt_rate(x: float) -> str:
 
 
 def format_table(rows: Sequence[ResultRow]) -> str:
-    """The markdown result table."""
+    """The markdown result table (with a B column when the run timed several batch sizes)."""
+    by_batch = len({r.batch_size for r in rows}) > 1
     head = (
-        "| peer | D | L | threads | fwd ms | bwd+upd ms | step ms | step ids/s "
-        "| step examples/s | fwd vs embstore | step vs embstore | others |"
+        f"| peer |{' B |' if by_batch else ''} D | L | threads | fwd ms | bwd+upd ms | step ms "
+        "| step ids/s | step examples/s | fwd vs embstore | step vs embstore | others |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * (13 if by_batch else 12)]
     for r in rows:
         thr = f"{r.threads}" if r.measured_threads is not None else f"{r.threads}*"
+        b = f" {r.batch_size} |" if by_batch else ""
         lines.append(
-            f"| {r.label} | {r.dim} | {r.pooling} | {thr} | {_fmt(r.forward_ms)} "
+            f"| {r.label} |{b} {r.dim} | {r.pooling} | {thr} | {_fmt(r.forward_ms)} "
             f"| {_fmt(r.backward_ms)} | {_fmt(r.step_ms)} | {_fmt_rate(r.ids_per_s)} "
             f"| {_fmt_rate(r.examples_per_s)} | {_fmt_ratio(r.forward_ratio)} "
             f"| {_fmt_ratio(r.step_ratio)} | {_fmt(r.others_cores)} |"
@@ -185,18 +191,20 @@ def format_floor(floor: dict[str, Any] | None) -> list[str]:
             f"{r['stream_gb_s']:.1f} GB/s (read + written)"
         )
     seen = set()
+    by_batch = len({c.get("batch_size") for c in floor["cases"]}) > 1
     for c in floor["cases"]:
-        key = (c["dim"], c["pooling"])
+        key = (c["dim"], c["pooling"], c.get("batch_size"))
         if key in seen:
             continue
         seen.add(key)
         per = ", ".join(
             f"{x['floor_ms']:.2f} ms at {x['threads']} thread(s)"
             for x in floor["cases"]
-            if (x["dim"], x["pooling"]) == key
+            if (x["dim"], x["pooling"], x.get("batch_size")) == key
         )
+        b = f" B={c['batch_size']}" if by_batch else ""
         out.append(
-            f"- traffic floor D={c['dim']} L={c['pooling']}: {c['unique_ids']:,.0f} distinct "
+            f"- traffic floor{b} D={c['dim']} L={c['pooling']}: {c['unique_ids']:,.0f} distinct "
             f"of {c['ids']:,} ids per batch, {c['total_mb']:.1f} MB per step (index "
             f"{c['index_bytes'] / 1e6:.1f}, forward rows {c['forward_bytes'] / 1e6:.1f}, "
             f"backward rows {c['update_bytes'] / 1e6:.1f} read and written, streams "
@@ -217,17 +225,18 @@ def format_passes(results: Sequence[dict[str, Any]]) -> list[str]:
     if not results:
         return []
     lowest = min(r["threads"] for r in results)
-    cases: dict[tuple[int, int, int], list[str]] = {}
+    by_batch = len({r.get("batch_size") for r in results}) > 1
+    cases: dict[tuple[int, int, int, int], list[str]] = {}
     for r in results:
         per = r.get("pass_step_ms") or []
         if len(per) < 2 or (r["measured_threads"] is None and r["threads"] != lowest):
             continue  # a single-threaded peer is listed once per (D, L)
-        cases.setdefault((r["dim"], r["pooling"], r["threads"]), []).append(
-            f"{r['peer']} {', '.join(_fmt(x) for x in per)}"
-        )
+        key = (r.get("batch_size") or 0, r["dim"], r["pooling"], r["threads"])
+        cases.setdefault(key, []).append(f"{r['peer']} {', '.join(_fmt(x) for x in per)}")
     return [
-        f"- step ms per pass, D={dim} L={lp} threads={threads}: {'; '.join(parts)}"
-        for (dim, lp, threads), parts in cases.items()
+        f"- step ms per pass, {f'B={bs} ' if by_batch else ''}D={dim} L={lp} threads={threads}: "
+        f"{'; '.join(parts)}"
+        for (bs, dim, lp, threads), parts in cases.items()
     ]
 
 
@@ -265,8 +274,11 @@ def format_load_notes(env: dict[str, Any], results: Sequence[dict[str, Any]]) ->
 def format_report(report: dict[str, Any]) -> str:
     """Header, summary, targets, result table, floor, memory and verification lines."""
     env, cfg = report["environment"], report["config"]
+    w5 = cfg.get("workload") == "w5"
     out = [
-        "## embstore bench: W1 (pooled training step, warm tables)",
+        "## embstore bench: W5 (26 Criteo-sized tables, D=16, small batches)"
+        if w5
+        else "## embstore bench: W1 (pooled training step, warm tables)",
         "",
         (
             f"- commit {env['commit']}, embstore {env['embstore']} "
@@ -280,7 +292,9 @@ def format_report(report: dict[str, Any]) -> str:
             f"(OMP_WAIT_POLICY={env.get('omp_wait_policy')}), fbgemm-gpu-cpu "
             f"{env.get('fbgemm', 'n/a')}, pandas {env['pandas']}"
         ),
-        (
+        _w5_sizes_line(cfg)
+        if w5
+        else (
             f"- T={cfg['num_tables']} tables, U={cfg['universe']:,} ids each (all inserted "
             f"before timing, in placement order), B={cfg['batch_size']}, Zipf alpha "
             f"{ZIPF_ALPHA}, Adagrad lr {LR} eps {EPS}, seed {cfg['seed']}"
@@ -295,7 +309,9 @@ def format_report(report: dict[str, Any]) -> str:
         "",
     ]
     results = report["results"]
-    if results:
+    if results and w5:
+        out += format_w5_sections(results)
+    elif results:
         dims, pools, threads = _cases(results)
         out += [
             (
@@ -392,3 +408,39 @@ def format_report(report: dict[str, Any]) -> str:
                 f"{max(v['update_max_abs_err'] for v in exact):.2g}"
             )
     return "\n".join(out)
+
+
+def _w5_sizes_line(cfg: dict[str, Any]) -> str:
+    cards = w5_cardinalities(cfg["universe"], cfg["num_tables"])
+    sizes = ", ".join(str(b) for b in (cfg.get("batch_sizes") or [cfg["batch_size"]]))
+    return (
+        f"- T={len(cards)} tables of {min(cards):,} to {max(cards):,} rows "
+        f"({sum(cards):,} in all; Criteo cardinalities capped at {cfg['universe']:,}), every "
+        f"id inserted before timing in a fixed random order per table, B={sizes}, Zipf "
+        f"alpha {ZIPF_ALPHA}, Adagrad lr {LR} eps {EPS}, seed {cfg['seed']}"
+    )
+
+
+def format_w5_sections(results: Sequence[dict[str, Any]]) -> list[str]:
+    """W5's summary (one table per batch size) and issue 32's targets."""
+    out = []
+    for bs in dict.fromkeys(int(r.get("batch_size") or 0) for r in results):
+        sub = [r for r in results if int(r.get("batch_size") or 0) == bs]
+        out += [
+            (
+                f"### Summary, B={bs}: embstore against each peer (x = peer / embstore, > 1: "
+                "embstore is faster)"
+            ),
+            "",
+            format_summary(sub),
+            "",
+        ]
+    out += [
+        "### Targets (issue 32, W5): ratios measured in this run",
+        "",
+        format_w5_targets(results),
+        "",
+        "### All measurements",
+        "",
+    ]
+    return out

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from embstore.bench.env import (
+    available_bytes,
     cpu_clock,
     environment,
     loadavg,
@@ -32,7 +33,11 @@ from embstore.bench.peer_torch import apply_omp_wait_policy
 from embstore.bench.peers import PEERS, Peer
 from embstore.bench.report import ResultRow, format_table, median_ms
 from embstore.bench.verify import verify_embstore, verify_peer
+from embstore.bench.w5 import CRITEO_CARDINALITIES, W5_BATCH_SIZES, W5_DIM, make_w5_tables
 from embstore.bench.workload import TableData, Workload, make_tables, make_workload
+
+#: Key of a workload in a run: (batch size, pooling).
+Case = tuple[int, int]
 
 
 @dataclass
@@ -125,11 +130,38 @@ class BenchConfig:
     floor: bool = True
     #: Size of the array the floor's rates are measured on, MiB (>> last-level cache).
     floor_array_mib: int = 1024
+    #: "w1", or "w5" (26 Criteo-sized tables, ``universe`` capping each table's rows).
+    workload: str = "w1"
+    #: Batch sizes timed on the same tables (empty: ``(batch_size,)``).
+    batch_sizes: tuple[int, ...] = ()
+
+    @property
+    def cases_batch(self) -> tuple[int, ...]:
+        """The batch sizes of the run."""
+        return self.batch_sizes or (self.batch_size,)
 
     @classmethod
     def full(cls) -> BenchConfig:
         """W1 at full size: T=8, U=1e6, B=2048, D=32, L 1 and 8, three passes."""
         return cls(universe=1_000_000, batches=20, warmup=5, passes=3)
+
+    @classmethod
+    def w5(cls, full: bool = False) -> BenchConfig:
+        """W5: the 26 Criteo tables, D=16, L=1, B=512 and 128. The quick run
+        caps every table at 100,000 rows; ``full`` keeps the real cardinalities."""
+        cfg = cls.full() if full else cls()
+        cfg.workload = "w5"
+        cfg.num_tables = len(CRITEO_CARDINALITIES)
+        cfg.universe = max(CRITEO_CARDINALITIES) if full else 100_000
+        cfg.batch_size, cfg.batch_sizes = W5_BATCH_SIZES[0], W5_BATCH_SIZES
+        cfg.dims, cfg.poolings = (W5_DIM,), (1,)
+        return cfg
+
+    def make_tables(self) -> list[TableData]:
+        """The run's tables (ids and placement), before anything is timed."""
+        if self.workload == "w5":
+            return make_w5_tables(self.universe, self.num_tables)
+        return make_tables(self.num_tables, self.universe)
 
 
 class _Progress:
@@ -191,7 +223,8 @@ class _Collected:
     """What the passes of a run gather: timings by ``(peer, D, L, threads)``, and each
     peer's setup facts and verification results (first pass only)."""
 
-    measured: dict[tuple[str, int, int, int | None], Timing] = field(default_factory=dict)
+    #: Keys: (peer, D, L, threads, B).
+    measured: dict[tuple[str, int, int, int | None, int], Timing] = field(default_factory=dict)
     setup: list[dict[str, Any]] = field(default_factory=list)
     verification: list[dict[str, Any]] = field(default_factory=list)
 
@@ -201,7 +234,7 @@ def _run_peer(
     cfg: BenchConfig,
     tables: Sequence[TableData],
     dim: int,
-    workloads: dict[int, Workload],
+    workloads: dict[Case, Workload],
     first: bool,
     where: str,
     prog: _Progress,
@@ -210,7 +243,7 @@ def _run_peer(
     """One pass of one peer: build and warm its tables, then for each ``L`` verify it (on
     the first pass), warm it up and time it; its tables are freed before returning."""
     name, threads = type(peer).name, peer.threads
-    prog.stage(f"{where}: building and warming {cfg.num_tables} tables")
+    prog.stage(f"{where}: building and warming {len(tables)} tables")
     try:
         t_setup = time.perf_counter()
         peer.setup(tables, dim)
@@ -225,20 +258,28 @@ def _run_peer(
                 rss_mib=None if rss is None else rss / 2**20,
             )
             got.setup.append(info)
-        for lp, wl in workloads.items():
+        for (bs, lp), wl in workloads.items():
             peer.prepare(wl.batches, wl.grads)
+            case = f"B={bs} L={lp}" if len(cfg.cases_batch) > 1 else f"L={lp}"
             if first:
-                prog.stage(f"{where} L={lp}: verifying")
+                prog.stage(f"{where} {case}: verifying")
                 if isinstance(peer, EmbstorePeer):
                     res = verify_embstore(peer, wl, wl.batches[0], threads)
                 else:
                     res = verify_peer(peer, wl.batches[0], wl.grads)
                 got.verification.append(
-                    {"peer": name, "dim": dim, "pooling": lp, "threads": threads, **res}
+                    {
+                        "peer": name,
+                        "dim": dim,
+                        "pooling": lp,
+                        "threads": threads,
+                        "batch_size": bs,
+                        **res,
+                    }
                 )
-            prog.stage(f"{where} L={lp}: timing")
+            prog.stage(f"{where} {case}: timing")
             timing = time_peer(peer, wl, cfg.warmup, prog.update)
-            got.measured.setdefault((name, dim, lp, threads), Timing()).add_pass(timing)
+            got.measured.setdefault((name, dim, lp, threads, bs), Timing()).add_pass(timing)
     finally:
         peer.close()
         del peer
@@ -265,8 +306,8 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     settle_allocator()
     omp_policy = apply_omp_wait_policy(cfg.omp_wait_policy)
     plan, skipped = _peer_plan(cfg.peers)
-    prog.stage(f"generating workload (T={cfg.num_tables}, U={cfg.universe})")
-    tables = make_tables(cfg.num_tables, cfg.universe)
+    prog.stage(f"generating workload {cfg.workload} (T={cfg.num_tables}, U={cfg.universe})")
+    tables = cfg.make_tables()
     n_batches = cfg.warmup + cfg.batches
     got = _Collected()
     memory: list[dict[str, Any]] = []
@@ -278,18 +319,23 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     for dim in cfg.dims:
         if any(cls.name == "embstore" for cls in plan):
             prog.stage(f"embstore D={dim}: measuring memory in a fresh process")
-            memory.append(probe_memory(cfg.num_tables, cfg.universe, dim, max(cfg.threads)))
+            memory.append(
+                probe_memory(
+                    cfg.num_tables, cfg.universe, dim, max(cfg.threads), workload=cfg.workload
+                )
+            )
         workloads = {
-            lp: make_workload(
+            (bs, lp): make_workload(
                 num_tables=cfg.num_tables,
                 universe=cfg.universe,
-                batch_size=cfg.batch_size,
+                batch_size=bs,
                 pooling=lp,
                 dim=dim,
                 num_batches=n_batches,
                 seed=cfg.seed,
                 tables=tables,
             )
+            for bs in cfg.cases_batch
             for lp in cfg.poolings
         }
         if cfg.floor:
@@ -311,6 +357,10 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             for cls in _rotated(plan, pass_no):
                 for threads in cfg.threads if cls.threaded else (None,):
                     where = f"{tag}{cls.name} D={dim} threads={threads if threads else '-'}"
+                    why = _no_room(cls, tables, dim)
+                    if why is not None:
+                        skipped[f"{cls.name} D={dim} threads={threads or '-'}"] = why
+                        continue
                     _run_peer(cls(threads), cfg, tables, dim, workloads, first, where, prog, got)
         del workloads
     prog.done()
@@ -336,51 +386,82 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     }
 
 
+#: Memory left to the rest of the machine when a peer's tables are built.
+MEMORY_RESERVE = 1 << 30
+
+
+def _no_room(cls: type[Peer], tables: Sequence[TableData], dim: int) -> str | None:
+    """Why the peer's tables cannot be built now (not enough memory), or ``None``."""
+    need = cls.memory_bytes(tables, dim)
+    avail = available_bytes()
+    if avail is None or need + MEMORY_RESERVE <= avail:
+        return None
+    return (
+        f"skipped: its tables need about {need / 2**30:.1f} GiB and only "
+        f"{avail / 2**30:.1f} GiB is available (keeping {MEMORY_RESERVE >> 30} GiB spare)"
+    )
+
+
 def _result_rows(
     cfg: BenchConfig,
     plan: Sequence[type[Peer]],
-    measured: dict[tuple[str, int, int, int | None], Timing],
+    measured: dict[tuple[str, int, int, int | None, int], Timing],
     floor: Sequence[dict[str, Any]] = (),
 ) -> list[ResultRow]:
-    floor_of = {(c["dim"], c["pooling"], c["threads"]): c["floor_ms"] for c in floor}
+    floor_of = {
+        (c["dim"], c["pooling"], c["threads"], c.get("batch_size", cfg.batch_size)): c["floor_ms"]
+        for c in floor
+    }
     rows = []
-    for dim in cfg.dims:
-        for lp in cfg.poolings:
-            for threads in cfg.threads:
-                base = measured.get(("embstore", dim, lp, threads))
-                base_f = median_ms(base.forward) if base else None
-                base_s = median_ms(base.step) if base else None
-                fl = floor_of.get((dim, lp, threads))
-                for cls in plan:
-                    key_thr = threads if cls.threaded else None
-                    tm = measured.get((cls.name, dim, lp, key_thr))
-                    if tm is None:
-                        continue
-                    f, b, s = median_ms(tm.forward), median_ms(tm.backward), median_ms(tm.step)
-                    n_ids = cfg.num_tables * cfg.batch_size * lp
-                    rows.append(
-                        ResultRow(
-                            peer=cls.name,
-                            label=cls.label,
-                            dim=dim,
-                            pooling=lp,
-                            threads=threads,
-                            measured_threads=key_thr,
-                            forward_ms=f,
-                            backward_ms=b,
-                            step_ms=s,
-                            ids_per_s=n_ids / (s * 1e-3),
-                            examples_per_s=cfg.batch_size / (s * 1e-3),
-                            forward_gb_per_s=n_ids * dim * 4 / (f * 1e-3) / 1e9,
-                            timed_batches=len(tm.forward),
-                            forward_ratio=f / base_f if base_f else None,
-                            step_ratio=s / base_s if base_s else None,
-                            others_cores=tm.others_cores,
-                            forward_ms_all=[x * 1e3 for x in tm.forward],
-                            backward_ms_all=[x * 1e3 for x in tm.backward],
-                            floor_ms=fl,
-                            floor_ratio=s / fl if fl and cls.name == "embstore" else None,
-                            pass_step_ms=list(tm.pass_step_ms),
-                        )
-                    )
+    for bs in cfg.cases_batch:
+        for dim in cfg.dims:
+            for lp in cfg.poolings:
+                for threads in cfg.threads:
+                    base = measured.get(("embstore", dim, lp, threads, bs))
+                    fl = floor_of.get((dim, lp, threads, bs))
+                    for cls in plan:
+                        key_thr = threads if cls.threaded else None
+                        tm = measured.get((cls.name, dim, lp, key_thr, bs))
+                        if tm is not None:
+                            rows.append(_result_row(cls, cfg, (bs, dim, lp, threads), tm, base, fl))
     return rows
+
+
+def _result_row(
+    cls: type[Peer],
+    cfg: BenchConfig,
+    case: tuple[int, int, int, int],
+    tm: Timing,
+    base: Timing | None,
+    fl: float | None,
+) -> ResultRow:
+    """One peer's row at ``case`` = (B, D, L, threads); ``base``: embstore's timing."""
+    bs, dim, lp, threads = case
+    base_f = median_ms(base.forward) if base else None
+    base_s = median_ms(base.step) if base else None
+    f, b, s = median_ms(tm.forward), median_ms(tm.backward), median_ms(tm.step)
+    n_ids = cfg.num_tables * bs * lp
+    return ResultRow(
+        peer=cls.name,
+        label=cls.label,
+        dim=dim,
+        pooling=lp,
+        threads=threads,
+        measured_threads=threads if cls.threaded else None,
+        forward_ms=f,
+        backward_ms=b,
+        step_ms=s,
+        ids_per_s=n_ids / (s * 1e-3),
+        examples_per_s=bs / (s * 1e-3),
+        forward_gb_per_s=n_ids * dim * 4 / (f * 1e-3) / 1e9,
+        timed_batches=len(tm.forward),
+        forward_ratio=f / base_f if base_f else None,
+        step_ratio=s / base_s if base_s else None,
+        others_cores=tm.others_cores,
+        forward_ms_all=[x * 1e3 for x in tm.forward],
+        backward_ms_all=[x * 1e3 for x in tm.backward],
+        floor_ms=fl,
+        floor_ratio=s / fl if fl and cls.name == "embstore" else None,
+        pass_step_ms=list(tm.pass_step_ms),
+        batch_size=bs,
+    )

@@ -88,8 +88,8 @@ class TableData:
     ids : numpy.ndarray of uint64, [U]
         ``ids[r]`` is the feature id of rank ``r``.
     row : numpy.ndarray of int64, [U]
-        ``row[r] = r * 618033 mod U``: the dense row of rank ``r`` and its position in the
-        warm-up order.
+        The dense row of rank ``r`` and its position in the warm-up order: W1's
+        ``r * 618033 mod U``, W5's fixed random permutation (:mod:`embstore.bench.w5`).
     warm_ids : numpy.ndarray of uint64, [U]
         The warm-up order: ``warm_ids[i]`` is the id of the rank placed at position ``i``,
         so ``warm_ids[row[r]] == ids[r]``.
@@ -203,7 +203,9 @@ def make_workload(
     alpha : float
         Zipf exponent.
     tables : list of TableData, optional
-        Reuse tables made by :func:`make_tables` for the same ``T`` and ``U``.
+        Reuse tables made by :func:`make_tables` for the same ``T`` and ``U``, or W5's
+        (:func:`embstore.bench.w5.make_w5_tables`): each table's ranks are drawn over its
+        own universe (``universe`` is then unused).
 
     Returns
     -------
@@ -211,7 +213,10 @@ def make_workload(
     """
     if tables is None:
         tables = make_tables(num_tables, universe)
-    cdf = zipf_cdf(universe, alpha)
+    cdfs: dict[int, npt.NDArray[np.float64]] = {}
+    for tab in tables:
+        if tab.universe not in cdfs:
+            cdfs[tab.universe] = zipf_cdf(tab.universe, alpha)
     n = batch_size * pooling
     offsets = np.arange(0, n + 1, pooling, dtype=np.int64)
     rng = np.random.default_rng([seed, pooling])
@@ -219,7 +224,7 @@ def make_workload(
     for _ in range(num_batches):
         keys, rows = [], []
         for tab in tables:
-            ranks = np.searchsorted(cdf, rng.random(n))
+            ranks = np.searchsorted(cdfs[tab.universe], rng.random(n))
             keys.append(tab.ids[ranks])
             rows.append(tab.row[ranks])
         batches.append(Batch(batch_size, pooling, keys, rows, offsets))
