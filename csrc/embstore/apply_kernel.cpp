@@ -84,8 +84,7 @@ class BatchRunner::ShardApply {
     std::optional<Shard::WriteScope> writing;
     const bool cow = t_.snapshot_join(sh_);  // checkpoint in progress: preserve before writing
     Unpin unpin{sh_, unique_, num_unique_, slot_of_, pin_in_meta_};
-    const bool plain =
-        r_.offsets != nullptr && r_.weights == nullptr && r_.mode == PoolMode::kSum;
+    const bool plain = r_.offsets != nullptr && r_.weights == nullptr && r_.mode == PoolMode::kSum;
     if (exact_ && plain) {
       resolve(std::true_type{});
     } else {
@@ -316,11 +315,8 @@ class BatchRunner::ShardApply {
   uint64_t reused_ = 0, inserts_ = 0, evictions_ = 0, rejected_ = 0;
 };
 
-void BatchRunner::apply_shard(Table& t, size_t s, const ApplyRequest& r, float lr,
-                              Workspace& ws) {
-  by_width(t.dim(), [&](auto width) {
-    ShardApply<decltype(width)::value>(t, s, r, ws).run(lr);
-  });
+void BatchRunner::apply_shard(Table& t, size_t s, const ApplyRequest& r, float lr, Workspace& ws) {
+  by_width(t.dim(), [&](auto width) { ShardApply<decltype(width)::value>(t, s, r, ws).run(lr); });
 }
 
 }  // namespace embstore

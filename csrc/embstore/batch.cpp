@@ -52,8 +52,8 @@ size_t workers_for(const std::vector<Request>& requests) {
 }
 
 // Runs validate(k) for every request k on the pool (an apply may read megabytes of
-// gradients to check them), then rethrows the error of the first request, in request order, that failed:
-// the error a call raises does not depend on thread timing.
+// gradients to check them), then rethrows the error of the first request, in request order, that
+// failed: the error a call raises does not depend on thread timing.
 template <typename Validate>
 void validate_each(size_t num_requests, size_t workers, const Validate& validate) {
   std::vector<std::exception_ptr> errors(num_requests);
@@ -183,8 +183,8 @@ class BatchRunner::LookupBatch {
     });
     pool_.run(R_, workers_, [&](size_t k) {  // (every task ran: reads[] is complete)
       finish_reads(*requests_[k].table, requests_[k], reads.data() + tasks.begin[k],
-                   tasks.begin[k + 1] - tasks.begin[k],
-                   aborted_[k].load(std::memory_order_relaxed), spaces_[k]->resolution);
+                   tasks.begin[k + 1] - tasks.begin[k], aborted_[k].load(std::memory_order_relaxed),
+                   spaces_[k]->resolution);
     });
   }
 
@@ -196,8 +196,7 @@ class BatchRunner::LookupBatch {
       const LookupSumRequest& r = requests_[k];
       plan(*r.table, r.keys, r.n, *spaces_[k]);
       if (!spaces_[k]->one_hot) spaces_[k]->rows.resize(r.n * r.table->dim());
-      spaces_[k]->resolution.versions.assign(r.table->num_shards(),
-                                             RowResolution::kUnknownVersion);
+      spaces_[k]->resolution.versions.assign(r.table->num_shards(), RowResolution::kUnknownVersion);
       spaces_[k]->pass.resize(r.table->num_shards());
     });
     clock_.lap(Timer::kStagePlan);
@@ -258,8 +257,9 @@ class BatchRunner::LookupBatch {
     TaskSpace pool_tasks;
     for (const size_t q : which) {
       const size_t k = locked_[q];
-      pool_tasks.add(spaces_[k]->one_hot ? 0 : (requests_[k].num_bags + kBagsPerPoolTask - 1) /
-                                                   kBagsPerPoolTask);
+      pool_tasks.add(spaces_[k]->one_hot
+                         ? 0
+                         : (requests_[k].num_bags + kBagsPerPoolTask - 1) / kBagsPerPoolTask);
     }
     pool_.run(pool_tasks.total(), workers_, [&](size_t task) {
       const size_t w = pool_tasks.request_of(task);

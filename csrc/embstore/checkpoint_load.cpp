@@ -30,8 +30,8 @@ using Readers = std::vector<std::unique_ptr<FileReader>>;
 using Masks = std::vector<std::vector<uint8_t>>;
 
 // Opens base + deltas and checks that they make a chain (before anything is imported).
-void open_chain(const std::string& base, const std::vector<std::string>& deltas,
-                Readers& readers, std::vector<SavedTable>& configs) {
+void open_chain(const std::string& base, const std::vector<std::string>& deltas, Readers& readers,
+                std::vector<SavedTable>& configs) {
   readers.push_back(std::make_unique<FileReader>(base));
   for (const auto& d : deltas) readers.push_back(std::make_unique<FileReader>(d));
   for (const auto& r : readers) configs.push_back(internal::parse_header(*r));
@@ -40,7 +40,8 @@ void open_chain(const std::string& base, const std::vector<std::string>& deltas,
   }
   for (size_t k = 1; k < readers.size(); ++k) {
     const FileReader &r = *readers[k], &prev = *readers[k - 1];
-    if (configs[k].kind != "delta") r.fail("a full checkpoint, not a delta (deltas must be deltas)");
+    if (configs[k].kind != "delta")
+      r.fail("a full checkpoint, not a delta (deltas must be deltas)");
     if (r.parent_id() != prev.checkpoint_id()) {
       r.fail("this delta follows checkpoint " + r.parent_id() + ", not " + prev.path() + " (" +
              prev.checkpoint_id() +
@@ -151,8 +152,10 @@ class GroupReader {
   ~GroupReader() { stop(); }
   bool next(Group*& g) { return out_.pop(g); }
   void release(Group* g) {
-    if (g->sketch_shard == internal::kNoShard) pool_.push(g);
-    else delete g;
+    if (g->sketch_shard == internal::kNoShard)
+      pool_.push(g);
+    else
+      delete g;
   }
   void finish() {  // after next() returned false: rethrows the reader's error
     stop();
@@ -207,7 +210,7 @@ class GroupReader {
           g->steps.resize(g->n);
         }
       }
-      void* target = have == 0 ? static_cast<void*>(g->ids.data())
+      void* target = have == 0   ? static_cast<void*>(g->ids.data())
                      : have == 1 ? static_cast<void*>(g->rows.data())
                                  : static_cast<void*>(g->steps.data());
       r_.read_payload(sec, target);
@@ -257,7 +260,8 @@ size_t import_file(FileReader& r, const std::vector<uint8_t>* mask, const LoadOp
     }
     size_t k = 0;  // compacts the kept rows to the front, in order
     for (size_t i = 0; i < g->n; ++i) {
-      const bool keep = mask != nullptr ? (*mask)[seen + i] != 0 : !o.keep_id || o.keep_id(g->ids[i]);
+      const bool keep =
+          mask != nullptr ? (*mask)[seen + i] != 0 : !o.keep_id || o.keep_id(g->ids[i]);
       if (!keep) {
         if (mask == nullptr) ++filtered;
         continue;
@@ -272,8 +276,8 @@ size_t import_file(FileReader& r, const std::vector<uint8_t>* mask, const LoadOp
     if (mask != nullptr && mask->size() < seen + g->n) r.fail("corrupted (row count differs)");
     seen += g->n;
     if (k) {
-      const size_t stored =
-          table.import_rows(g->ids.data(), k, g->rows.data(), g->steps.data(), ImportMode::kRestore, nullptr);
+      const size_t stored = table.import_rows(g->ids.data(), k, g->rows.data(), g->steps.data(),
+                                              ImportMode::kRestore, nullptr);
       not_placed += k - stored;
       offered += k;
     }
@@ -304,9 +308,8 @@ LoadedTable load(const std::string& path, const std::vector<std::string>& deltas
     for (auto& r : readers) r = std::make_unique<FileReader>(r->path());  // the main pass
   }
   if (!o.keep_id && total > capacity) {
-    throw CapacityError(readers.back()->path() + ": the checkpoint holds " +
-                        std::to_string(total) + " rows, more than capacity " +
-                        std::to_string(capacity) +
+    throw CapacityError(readers.back()->path() + ": the checkpoint holds " + std::to_string(total) +
+                        " rows, more than capacity " + std::to_string(capacity) +
                         "; load with a larger capacity or keep='recent'");
   }
   LoadedTable out;
@@ -315,15 +318,16 @@ LoadedTable load(const std::string& path, const std::vector<std::string>& deltas
   size_t not_placed = 0, filtered = 0;
   std::map<uint32_t, std::vector<uint16_t>> sketches;
   for (size_t f = 0; f < readers.size(); ++f) {
-    out.rows += import_file(*readers[f], masks.empty() ? nullptr : &masks[f], o, table,
-                            not_placed, filtered, sketches);
+    out.rows += import_file(*readers[f], masks.empty() ? nullptr : &masks[f], o, table, not_placed,
+                            filtered, sketches);
   }
   if (not_placed && !o.keep_recent) {
     if (out.rows > capacity) {
-      throw CapacityError(readers.back()->path() + ": the checkpoint holds " +
-                          std::to_string(out.rows) + " rows that keep_id keeps, more than "
-                          "capacity " + std::to_string(capacity) +
-                          "; load with a larger capacity or keep='recent'");
+      throw CapacityError(
+          readers.back()->path() + ": the checkpoint holds " + std::to_string(out.rows) +
+          " rows that keep_id keeps, more than "
+          "capacity " +
+          std::to_string(capacity) + "; load with a larger capacity or keep='recent'");
     }
     throw CapacityError(readers.back()->path() + ": " + std::to_string(not_placed) +
                         " rows did not fit: a shard of the new table (capacity " +
@@ -342,8 +346,9 @@ LoadedTable load(const std::string& path, const std::vector<std::string>& deltas
   out.label = cfg.label;
   out.checkpoint_id = out.dropped ? std::string() : readers.back()->checkpoint_id();
   table.set_checkpoint_id(out.checkpoint_id);
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now() - start).count();
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
   table.record_latency(Timer::kLoad, static_cast<uint64_t>(ns));
   return out;
 }
@@ -366,8 +371,8 @@ std::vector<std::pair<std::string, LoadedTable>> load_group(const std::string& d
     const internal::Json manifest = internal::Json::parse(text.str());
     const internal::Json& body = manifest.member("body");
     const std::string canonical = body.dump(false);
-    const bool ok = internal::crc32(canonical.data(), canonical.size()) ==
-                    manifest.member("crc32").as_u64();
+    const bool ok =
+        internal::crc32(canonical.data(), canonical.size()) == manifest.member("crc32").as_u64();
     if (!ok || body.member("format").as_string() != "embstore.group") {
       throw std::runtime_error("checksum");
     }

@@ -31,7 +31,12 @@ struct OptimizerConfig {
   float l2 = 0.0f;                   // FTRL
 };
 
-enum class InitializerKind : uint8_t { kZeros = 0, kUniform = 1, kNormal = 2, kTruncatedNormal = 3 };
+enum class InitializerKind : uint8_t {
+  kZeros = 0,
+  kUniform = 1,
+  kNormal = 2,
+  kTruncatedNormal = 3
+};
 
 struct InitializerConfig {
   InitializerKind kind = InitializerKind::kZeros;

@@ -173,9 +173,7 @@ inline void initial_row_kernel(const InitializerConfig& init, uint64_t id, float
       }
       return;
     case InitializerKind::kNormal:
-    case InitializerKind::kTruncatedNormal:
-      gaussian_row(init, row_seed, out, dim);
-      return;
+    case InitializerKind::kTruncatedNormal: gaussian_row(init, row_seed, out, dim); return;
   }
 }
 

@@ -27,8 +27,8 @@ namespace {
 
 // Writes one gathered id's row to out: zeros for a miss (src == nullptr), w * row as the
 // pooling spec sums it (0 + w * row) when weighted, 0 + row when `pooled`, else a copy.
-inline void write_gathered(float* __restrict out, const float* __restrict src,
-                           const float* weight, bool pooled, size_t dim) noexcept {
+inline void write_gathered(float* __restrict out, const float* __restrict src, const float* weight,
+                           bool pooled, size_t dim) noexcept {
   if (src == nullptr) {
     std::memset(out, 0, dim * sizeof(float));
   } else if (weight != nullptr) {
@@ -84,8 +84,7 @@ void BatchRunner::gather_shard(Table& t, size_t s, const uint64_t* keys, const W
   bool copying = pass == nullptr;
   auto finish = [&](uint32_t jj, uint32_t row) {
     const uint32_t i = ws.order[jj];
-    write_gathered(dst + static_cast<size_t>(i) * dim,
-                   row == kNoRow ? nullptr : t.row_ptr(sh, row),
+    write_gathered(dst + static_cast<size_t>(i) * dim, row == kNoRow ? nullptr : t.row_ptr(sh, row),
                    weights != nullptr ? weights + i : nullptr, pooled, dim);
   };
   const auto lock = sh.lock();
@@ -115,21 +114,22 @@ void BatchRunner::gather_shard(Table& t, size_t s, const uint64_t* keys, const W
       if (insert && sketch != nullptr && sketch->add(hash) < min_count) {
         ++rejected;  // not admitted yet: reads zeros, gets no row
       } else if (insert) {
-        if (copying) while (done < j) finish(done, ring[done % kRing]), ++done;
+        if (copying)
+          while (done < j) finish(done, ring[done % kRing]), ++done;
         row = copying ? t.insert_locked(s, id, hash, step, evictions)
                       : t.insert_locked(s, id, hash, step, evictions, sweep_budget());
         if (row == kRetry) {  // from here on a recorded row may be evicted: copy them
           for (; done < j; ++done) {
             const uint64_t place = places[ws.order[done]];
-            finish(done, place == RowResolution::kUnresolved ? kNoRow
-                                                             : static_cast<uint32_t>(place));
+            finish(done,
+                   place == RowResolution::kUnresolved ? kNoRow : static_cast<uint32_t>(place));
           }
           copying = true;
           row = t.insert_locked(s, id, hash, step, evictions);
         }
         if (row == kNoRow) {
-          add_counters(sh, count_reads ? hits : 0, count_reads ? misses : 0, inserts,
-                       evictions, rejected);
+          add_counters(sh, count_reads ? hits : 0, count_reads ? misses : 0, inserts, evictions,
+                       rejected);
           throw CapacityError(t.no_row_message(id, s));
         }
         ++inserts;
@@ -137,16 +137,17 @@ void BatchRunner::gather_shard(Table& t, size_t s, const uint64_t* keys, const W
     }
     ring[j % kRing] = row;
     if (places != nullptr) {
-      places[ws.order[j]] = row == kNoRow ? RowResolution::kUnresolved : RowResolution::place(s, row);
+      places[ws.order[j]] =
+          row == kNoRow ? RowResolution::kUnresolved : RowResolution::place(s, row);
     }
     if (copying) {
       if (row != kNoRow) prefetch_lines(t.row_ptr(sh, row), dim * sizeof(float));
       if (j - done >= kRowAhead) finish(done, ring[done % kRing]), ++done;
     }
   }
-  if (copying) while (done < e) finish(done, ring[done % kRing]), ++done;
-  add_counters(sh, count_reads ? hits : 0, count_reads ? misses : 0, inserts, evictions,
-               rejected);
+  if (copying)
+    while (done < e) finish(done, ring[done % kRing]), ++done;
+  add_counters(sh, count_reads ? hits : 0, count_reads ? misses : 0, inserts, evictions, rejected);
   if (places != nullptr) {
     // A row recorded earlier in this pass can have been evicted by a later insert only if
     // the hand came round to it twice (a recorded row's bit is set when recorded).
@@ -215,8 +216,8 @@ bool BatchRunner::pool_places_impl(Table& t, const LookupSumRequest& r, const ui
 }
 
 // out[b] = rows[offsets[b]] (+ ...) in order, optionally weighted; mean divides by count.
-void BatchRunner::pool_bags(const LookupSumRequest& r, size_t dim, const float* rows,
-                            size_t bag_lo, size_t bag_hi) {
+void BatchRunner::pool_bags(const LookupSumRequest& r, size_t dim, const float* rows, size_t bag_lo,
+                            size_t bag_hi) {
   for (size_t bag = bag_lo; bag < bag_hi; ++bag) {
     float* __restrict out = r.out + bag * dim;
     const size_t lo = static_cast<size_t>(r.offsets[bag]);

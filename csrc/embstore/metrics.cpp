@@ -1,8 +1,8 @@
 #include "embstore/metrics.hpp"
 
+#include <algorithm>  // std::min
 #include <cstdlib>  // std::getenv
 #include <cstring>  // std::strcmp
-#include <algorithm>  // std::min
 
 namespace embstore {
 namespace {
@@ -47,7 +47,8 @@ void LatencyHistogram::record(uint64_t ns) noexcept {
 
 HistogramSnapshot LatencyHistogram::snapshot() const noexcept {
   HistogramSnapshot snap;
-  for (size_t b = 0; b < kBuckets; ++b) snap.counts[b] = buckets_[b].load(std::memory_order_relaxed);
+  for (size_t b = 0; b < kBuckets; ++b)
+    snap.counts[b] = buckets_[b].load(std::memory_order_relaxed);
   snap.sum_ns = sum_ns_.load(std::memory_order_relaxed);
   snap.max_ns = max_ns_.load(std::memory_order_relaxed);
   snap.resets = resets_.load(std::memory_order_relaxed);
@@ -77,9 +78,8 @@ LatencySummary LatencyHistogram::summarize(const HistogramSnapshot& before,
   // The largest value of the window: exact when it raised the running maximum, else the
   // upper bound of the highest bucket the window filled (never above the running maximum).
   const double running_max = static_cast<double>(now.max_ns);
-  const double max_ns = now.max_ns > base.max_ns
-                            ? running_max
-                            : std::min(bucket_upper_ns(highest), running_max);
+  const double max_ns =
+      now.max_ns > base.max_ns ? running_max : std::min(bucket_upper_ns(highest), running_max);
   // The q-quantile is the upper bound of the bucket holding the ceil(q * total)-th value,
   // capped by the largest value seen.
   auto quantile = [&](double q) {

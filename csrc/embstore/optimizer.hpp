@@ -25,16 +25,11 @@ namespace embstore {
 
 inline size_t state_width(const OptimizerConfig& cfg, size_t dim) noexcept {
   switch (cfg.kind) {
-    case OptimizerKind::kSgd:
-      return cfg.momentum > 0.0f ? dim : 0;
-    case OptimizerKind::kAdagrad:
-      return dim;
-    case OptimizerKind::kRowWiseAdagrad:
-      return 1;
-    case OptimizerKind::kAdam:
-      return 2 * dim + 1;
-    case OptimizerKind::kFtrl:
-      return 2 * dim;
+    case OptimizerKind::kSgd: return cfg.momentum > 0.0f ? dim : 0;
+    case OptimizerKind::kAdagrad: return dim;
+    case OptimizerKind::kRowWiseAdagrad: return 1;
+    case OptimizerKind::kAdam: return 2 * dim + 1;
+    case OptimizerKind::kFtrl: return 2 * dim;
   }
   return 0;
 }
@@ -51,7 +46,7 @@ inline void init_state(const OptimizerConfig& cfg, float* state, size_t dim) noe
 // One optimizer step on `row` (weights, then state) with the summed gradient `g`, using the
 // learning rate `lr` (alpha for FTRL; the table's current value, read once per call).
 inline void apply_update(const OptimizerConfig& cfg, float lr, float* __restrict row,  // (stride)
-                         const float* __restrict g,                                    // (dim)
+                         const float* __restrict g,  // (dim)
                          size_t dim) noexcept {
   switch (cfg.kind) {
     case OptimizerKind::kSgd: {

@@ -62,8 +62,8 @@ struct RouteOutput {
   uint64_t* keys;    // [num_keys]
   float* weights;    // [num_keys] or nullptr (needs request weights)
   float* coef;       // [num_keys] or nullptr: an apply's factor per id in mean mode,
-                     // (weight or 1) / bag size, the apply kernel's float32 division
-  int64_t* bags;     // [num_bags]
+                // (weight or 1) / bag size, the apply kernel's float32 division
+  int64_t* bags;  // [num_bags]
   int64_t* offsets;  // [num_offsets]
 };
 

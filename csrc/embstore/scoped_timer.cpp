@@ -23,8 +23,10 @@ Registry& registry() {
 LatencyHistogram& histogram(const std::string& name) {
   const size_t dot = name.find('.');
   if (dot == std::string::npos || dot == 0 || dot + 1 == name.size()) {
-    throw std::invalid_argument("name: a timer is named '<layer>.<name>' (e.g. "
-                                "'server.Lookup.Handle'), got '" + name + "'");
+    throw std::invalid_argument(
+        "name: a timer is named '<layer>.<name>' (e.g. "
+        "'server.Lookup.Handle'), got '" +
+        name + "'");
   }
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

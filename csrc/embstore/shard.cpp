@@ -30,8 +30,9 @@ Shard::Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota, void* memory
       num_slots_(slots_for(num_rows)),
       own_memory_(memory == nullptr ? LargeBuffer(index_bytes(num_rows)) : LargeBuffer()),
       slots_(memory != nullptr ? memory : own_memory_.data(), num_slots_),
-      meta_(reinterpret_cast<char*>(slots_.get()) + round_to_line(size_t{num_slots_} * sizeof(Slot)),
-            num_rows),
+      meta_(
+          reinterpret_cast<char*>(slots_.get()) + round_to_line(size_t{num_slots_} * sizeof(Slot)),
+          num_rows),
       ref_bits_(num_rows),
       occupied_(num_rows),
       dirty_(num_rows),
@@ -53,8 +54,7 @@ void Shard::link(uint64_t id, uint64_t hash, uint32_t row, uint32_t step) noexce
   saved_.clear(row);  // a new id: in no checkpoint yet
   if (snap_pending_) born_after_.set(row);
   reference(row);
-  counters.size.store(counters.size.load(std::memory_order_relaxed) + 1,
-                      std::memory_order_relaxed);
+  counters.size.store(counters.size.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
 
 void Shard::erase_slot(uint32_t hole) noexcept {
@@ -95,8 +95,7 @@ void Shard::release_row(uint32_t row) {
   RowMeta& m = meta(row);
   m.aux = free_head_;
   free_head_ = row;
-  counters.size.store(counters.size.load(std::memory_order_relaxed) - 1,
-                      std::memory_order_relaxed);
+  counters.size.store(counters.size.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
 }
 
 uint32_t Shard::claim_unused_row() noexcept {
@@ -157,8 +156,7 @@ void Shard::evict(uint32_t row) {
   erase_slot(find_slot(m.id, mix64(m.id)));
   occupied_.clear(row);
   dirty_.clear(row);
-  counters.size.store(counters.size.load(std::memory_order_relaxed) - 1,
-                      std::memory_order_relaxed);
+  counters.size.store(counters.size.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
 }
 
 }  // namespace embstore

@@ -204,7 +204,8 @@ struct IndexView {
   }
   // find_optimistic with the probe's start, home(hash), already known.
   template <bool kMark = false>
-  EMBSTORE_NO_SANITIZE_THREAD uint32_t find_optimistic_at(uint64_t id, uint32_t pos) const noexcept {
+  EMBSTORE_NO_SANITIZE_THREAD uint32_t find_optimistic_at(uint64_t id,
+                                                          uint32_t pos) const noexcept {
     bool wrapped = false;  // a probe racing writers could otherwise circle forever
     for (;;) {
       // The row is loaded once (a relaxed atomic: free on x86), so the bounds-checked value
@@ -282,10 +283,9 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
       held.lock();
       const auto waited = std::chrono::steady_clock::now() - start;
       ShardCounters::add(counters.lock_waits, 1);
-      ShardCounters::add(
-          counters.lock_wait_ns,
-          static_cast<uint64_t>(
-              std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count()));
+      ShardCounters::add(counters.lock_wait_ns,
+                         static_cast<uint64_t>(
+                             std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count()));
     }
     return held;
   }
@@ -443,12 +443,14 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   uint32_t quota() const noexcept { return quota_; }
   uint32_t size() const noexcept { return counters.size.load(std::memory_order_relaxed); }
   // Rows ever claimed; safe to read without the lock (a relaxed copy of used_).
-  uint32_t used_rows() const noexcept { return counters.claimed_rows.load(std::memory_order_relaxed); }
+  uint32_t used_rows() const noexcept {
+    return counters.claimed_rows.load(std::memory_order_relaxed);
+  }
   // Bytes of index and metadata (the arena's rows are counted by the table).
   size_t footprint_bytes() const noexcept {
-    return slots_.size() * sizeof(Slot) + meta_.size() * sizeof(RowMeta) +
-           ref_bits_.bytes() + occupied_.bytes() + dirty_.bytes() + captured_.bytes() +
-           born_after_.bytes() + saved_.bytes() + dirty_pending_.bytes();
+    return slots_.size() * sizeof(Slot) + meta_.size() * sizeof(RowMeta) + ref_bits_.bytes() +
+           occupied_.bytes() + dirty_.bytes() + captured_.bytes() + born_after_.bytes() +
+           saved_.bytes() + dirty_pending_.bytes();
   }
 
   ShardCounters counters;
@@ -468,9 +470,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // CLOCK's rules, shared by clock_victim and likely_victim: the row after `row` in the ring
   // of claimed rows, and whether a row may be evicted at all (occupied and not pinned).
   uint32_t ring_next(uint32_t row) const noexcept { return row + 1 == used_ ? 0 : row + 1; }
-  bool evictable(uint32_t row) const noexcept {
-    return occupied(row) && meta(row).aux == kNoRow;
-  }
+  bool evictable(uint32_t row) const noexcept { return occupied(row) && meta(row).aux == kNoRow; }
   void erase_slot(uint32_t pos) noexcept;                          // backward-shift deletion
   void release_row(uint32_t row);  // after unlinking: clear bits, push free list
   // Logs the id of `row`, about to be removed, when a checkpoint (or the snapshot being

@@ -33,8 +33,7 @@ const char* simd_level_name(SimdLevel level) noexcept;
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
 #define EMBSTORE_HAS_AVX2_KERNELS 1
-#define EMBSTORE_KERNEL_TARGET_AVX2 \
-  __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt"), flatten))
+#define EMBSTORE_KERNEL_TARGET_AVX2 __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt"), flatten))
 #else
 #define EMBSTORE_HAS_AVX2_KERNELS 0
 #endif

@@ -66,12 +66,8 @@ size_t shard_rows(size_t share, size_t num_shards, size_t capacity) {
 
 }  // namespace
 
-
 Table::Table(const TableConfig& config)
-    : config_(config),
-      shard_shift_(64),
-      arena_(0, 1),
-      lr_(config.optimizer.lr) {
+    : config_(config), shard_shift_(64), arena_(0, 1), lr_(config.optimizer.lr) {
   if (config_.dim == 0) throw std::invalid_argument("dim must be positive");
   if (config_.capacity == 0) throw std::invalid_argument("capacity must be positive");
   if (config_.num_shards == 0) config_.num_shards = default_shards(config_.capacity);
@@ -82,8 +78,8 @@ Table::Table(const TableConfig& config)
   }
   if (S > config_.capacity) {
     throw std::invalid_argument("num_shards (" + std::to_string(S) +
-                                ") must not exceed capacity (" +
-                                std::to_string(config_.capacity) + ")");
+                                ") must not exceed capacity (" + std::to_string(config_.capacity) +
+                                ")");
   }
   if (shard_rows(config_.capacity / S + 1, S, config_.capacity) > kMaxShardRows) {
     throw std::invalid_argument(
@@ -126,7 +122,8 @@ Table::Table(const TableConfig& config)
   staged_rows_.resize(S);
   preimages_.resize(S);
   for (PreImages& p : preimages_) p.width = row_width();
-  const size_t stride = row_stride(config_.dim, embstore::state_width(config_.optimizer, config_.dim));
+  const size_t stride =
+      row_stride(config_.dim, embstore::state_width(config_.optimizer, config_.dim));
   arena_ = RowArena(total_rows, stride);
   size_t index_bytes = 0;
   for (size_t s = 0; s < S; ++s) index_bytes += Shard::index_bytes(rows[s]);
@@ -303,14 +300,15 @@ TableStats Table::stats() const {
     st.lock_waits += sh->counters.lock_waits.load(std::memory_order_relaxed);
     st.lock_wait_ns += sh->counters.lock_wait_ns.load(std::memory_order_relaxed);
     st.reused_rows += sh->counters.reused.load(std::memory_order_relaxed);
-    st.arena_bytes_in_use += static_cast<uint64_t>(sh->used_rows()) * arena_.stride() * sizeof(float);
+    st.arena_bytes_in_use +=
+        static_cast<uint64_t>(sh->used_rows()) * arena_.stride() * sizeof(float);
     meta_and_index += sh->footprint_bytes();
   }
   if (config_.admission.enabled()) st.admitted = st.inserts;
   for (const auto& sketch : sketches_) meta_and_index += sketch.bytes();
   const double arena_bytes = static_cast<double>(arena_.rows() * arena_.stride() * sizeof(float));
-  st.bytes_per_row = (arena_bytes + static_cast<double>(meta_and_index)) /
-                     static_cast<double>(arena_.rows());
+  st.bytes_per_row =
+      (arena_bytes + static_cast<double>(meta_and_index)) / static_cast<double>(arena_.rows());
   return st;
 }
 
@@ -345,14 +343,14 @@ void Table::contains(const uint64_t* keys, size_t n, bool* out) {
   const size_t rot = rotation();
   ThreadPool::global().run(shards_.size(), choose_workers(n, config_.num_threads),
                            [&](size_t task) {
-    const size_t s = (task + rot) % shards_.size();
-    Shard& sh = *shards_[s];
-    const auto lock = sh.lock();
-    for (uint32_t j = ws.shard_begin[s]; j < ws.shard_begin[s + 1]; ++j) {
-      const uint32_t i = ws.order[j];
-      out[i] = sh.find(keys[i], mix64(keys[i])) != kNoRow;
-    }
-  });
+                             const size_t s = (task + rot) % shards_.size();
+                             Shard& sh = *shards_[s];
+                             const auto lock = sh.lock();
+                             for (uint32_t j = ws.shard_begin[s]; j < ws.shard_begin[s + 1]; ++j) {
+                               const uint32_t i = ws.order[j];
+                               out[i] = sh.find(keys[i], mix64(keys[i])) != kNoRow;
+                             }
+                           });
 }
 
 size_t Table::erase(const uint64_t* keys, size_t n) {
@@ -363,29 +361,29 @@ size_t Table::erase(const uint64_t* keys, size_t n) {
   const size_t rot = rotation();
   ThreadPool::global().run(shards_.size(), choose_workers(n, config_.num_threads),
                            [&](size_t task) {
-    const size_t s = (task + rot) % shards_.size();
-    Shard& sh = *shards_[s];
-    size_t count = 0;
-    const auto lock = sh.lock();
-    const Shard::WriteScope writing(sh);
-    const bool cow = snapshot_join(sh);
-    size_t returned = 0;
-    for (uint32_t j = ws.shard_begin[s]; j < ws.shard_begin[s + 1]; ++j) {
-      const uint64_t id = keys[ws.order[j]];
-      if (cow) {
-        const uint32_t row = sh.find(id, mix64(id));
-        if (row != kNoRow) preserve(s, row);
-      }
-      const bool over_quota = sh.size() > sh.quota();
-      if (sh.unlink_and_free(id, mix64(id)) != kNoRow) {
-        ++count;
-        if (over_quota) ++returned;  // that row was borrowed from the pool
-      }
-    }
-    ShardCounters::add(sh.counters.erased, count);
-    if (returned != 0) give_back(returned);
-    removed.fetch_add(count, std::memory_order_relaxed);
-  });
+                             const size_t s = (task + rot) % shards_.size();
+                             Shard& sh = *shards_[s];
+                             size_t count = 0;
+                             const auto lock = sh.lock();
+                             const Shard::WriteScope writing(sh);
+                             const bool cow = snapshot_join(sh);
+                             size_t returned = 0;
+                             for (uint32_t j = ws.shard_begin[s]; j < ws.shard_begin[s + 1]; ++j) {
+                               const uint64_t id = keys[ws.order[j]];
+                               if (cow) {
+                                 const uint32_t row = sh.find(id, mix64(id));
+                                 if (row != kNoRow) preserve(s, row);
+                               }
+                               const bool over_quota = sh.size() > sh.quota();
+                               if (sh.unlink_and_free(id, mix64(id)) != kNoRow) {
+                                 ++count;
+                                 if (over_quota) ++returned;  // that row was borrowed from the pool
+                               }
+                             }
+                             ShardCounters::add(sh.counters.erased, count);
+                             if (returned != 0) give_back(returned);
+                             removed.fetch_add(count, std::memory_order_relaxed);
+                           });
   return removed.load();
 }
 
@@ -437,12 +435,12 @@ size_t Table::drain_evicted(RemovedRows& out) {
 
 void Table::initial_values(const uint64_t* keys, size_t n, float* out) const {
   const size_t chunk = 1024;
-  ThreadPool::global().run((n + chunk - 1) / chunk, choose_workers(n, config_.num_threads),
-                           [&](size_t task) {
-    for (size_t i = task * chunk; i < std::min(n, (task + 1) * chunk); ++i) {
-      initial_row(config_.initializer, keys[i], out + i * config_.dim, config_.dim);
-    }
-  });
+  ThreadPool::global().run(
+      (n + chunk - 1) / chunk, choose_workers(n, config_.num_threads), [&](size_t task) {
+        for (size_t i = task * chunk; i < std::min(n, (task + 1) * chunk); ++i) {
+          initial_row(config_.initializer, keys[i], out + i * config_.dim, config_.dim);
+        }
+      });
 }
 
 }  // namespace embstore

@@ -40,8 +40,8 @@
 #include "embstore/arena.hpp"   // RowArena
 #include "embstore/config.hpp"   // TableConfig
 #include "embstore/metrics.hpp"  // TimerSet, Timer
-#include "embstore/shard.hpp"   // Shard, IndexView
 #include "embstore/resolution.hpp"  // RowResolution
+#include "embstore/shard.hpp"   // Shard, IndexView
 
 namespace embstore {
 
@@ -51,11 +51,11 @@ struct TableStats {
   size_t size = 0, capacity = 0, dim = 0, num_shards = 0, row_stride = 0;
   uint64_t hits = 0, misses = 0, inserts = 0, evictions = 0, erased = 0;
   uint64_t admitted = 0, rejected = 0;        // admission filter: inserts it let through,
-                                              // occurrences of ids it kept out
+                                        // occurrences of ids it kept out
   uint64_t lock_waits = 0, lock_wait_ns = 0;  // shard-lock acquisitions that blocked
   uint64_t reused_rows = 0;  // applied ids whose row came from the lookup before (no probe)
   uint64_t read_retries = 0;  // lock-free read tasks a writer got in the way of, redone row by row
-  uint64_t arena_bytes_in_use = 0;            // rows ever claimed x row bytes
+  uint64_t arena_bytes_in_use = 0;  // rows ever claimed x row bytes
   double bytes_per_row = 0;  // arena + metadata + index bytes per row of capacity
 };
 
@@ -78,7 +78,7 @@ struct PreImages {
   std::vector<uint32_t> steps;
   std::vector<uint8_t> dirty;  // dirty when the snapshot began
   std::vector<std::unique_ptr<float[]>> chunks;
-  size_t width = 0;    // floats per row (weights + optimizer state)
+  size_t width = 0;  // floats per row (weights + optimizer state)
   size_t emitted = 0;  // pre-images [0, emitted) already copied out
 
   size_t size() const noexcept { return ids.size(); }
@@ -98,27 +98,27 @@ enum class ImportMode : uint8_t { kRestore = 0, kUpsert = 1 };
 // One table's part of a pooled lookup: out[b] = sum (or mean) of rows of keys in bag b.
 struct LookupSumRequest {
   Table* table;
-  const uint64_t* keys;    // (n)
+  const uint64_t* keys;  // (n)
   size_t n;
   const int64_t* offsets;  // (num_bags + 1) CSR
   size_t num_bags;
-  const float* weights;    // (n) or nullptr
+  const float* weights;  // (n) or nullptr
   PoolMode mode;
   bool insert;
-  float* out;              // (num_bags, dim) out
-  std::string label;       // names the table in error messages (may be empty)
+  float* out;  // (num_bags, dim) out
+  std::string label;  // names the table in error messages (may be empty)
 };
 
 // One table's part of a gradient apply: per-id grads (offsets == nullptr, grads (n, dim)) or
 // the backward of lookup_sum (grads (num_bags, dim)).
 struct ApplyRequest {
   Table* table;
-  const uint64_t* keys;    // (n)
+  const uint64_t* keys;  // (n)
   size_t n;
-  const float* grads;      // (n, dim) or (num_bags, dim)
+  const float* grads;  // (n, dim) or (num_bags, dim)
   const int64_t* offsets;  // (num_bags + 1) or nullptr
   size_t num_bags;
-  const float* weights;    // (n) or nullptr
+  const float* weights;  // (n) or nullptr
   PoolMode mode;
   std::string label;
 };
@@ -127,8 +127,7 @@ struct ApplyRequest {
 // `op` names the operation in the tables' latency histograms; a call over several tables
 // records its whole duration (and each stage's) into every table it touches.
 void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op = Timer::kLookupSum);
-void apply_gradients_many(std::vector<ApplyRequest>& requests,
-                          Timer op = Timer::kApplyGradients);
+void apply_gradients_many(std::vector<ApplyRequest>& requests, Timer op = Timer::kApplyGradients);
 
 class Table {
  public:
@@ -163,9 +162,8 @@ class Table {
   void lookup(const uint64_t* keys, size_t n, bool insert, float* out);  // out: (n, dim)
   void lookup_sum(const uint64_t* keys, size_t n, const int64_t* offsets, size_t num_bags,
                   const float* weights, PoolMode mode, bool insert, float* out);
-  void apply_gradients(const uint64_t* keys, size_t n, const float* grads,
-                       const int64_t* offsets, size_t num_bags, const float* weights,
-                       PoolMode mode);
+  void apply_gradients(const uint64_t* keys, size_t n, const float* grads, const int64_t* offsets,
+                       size_t num_bags, const float* weights, PoolMode mode);
   void contains(const uint64_t* keys, size_t n, bool* out);  // out: (n)
   size_t erase(const uint64_t* keys, size_t n);
   // The initializer's rows for keys (the table is not touched).

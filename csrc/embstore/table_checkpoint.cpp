@@ -26,8 +26,7 @@ using detail::workspace;
 void PreImages::add(uint64_t id, uint32_t step, bool was_dirty, const float* row) {
   const size_t k = ids.size();
   if (k / kChunkRows == chunks.size()) chunks.emplace_back(new float[kChunkRows * width]);
-  std::memcpy(chunks[k / kChunkRows].get() + (k % kChunkRows) * width, row,
-              width * sizeof(float));
+  std::memcpy(chunks[k / kChunkRows].get() + (k % kChunkRows) * width, row, width * sizeof(float));
   ids.push_back(id);
   steps.push_back(step);
   dirty.push_back(was_dirty ? 1 : 0);
@@ -77,8 +76,8 @@ void Table::reset_snapshot_after_fork() {
   active_gen_ = 0;
 }
 
-size_t Table::import_rows(const uint64_t* ids, size_t n, const float* rows,
-                          const uint32_t* steps, ImportMode mode, uint8_t* placed) {
+size_t Table::import_rows(const uint64_t* ids, size_t n, const float* rows, const uint32_t* steps,
+                          ImportMode mode, uint8_t* placed) {
   const size_t width = row_width();
   const bool restore = mode == ImportMode::kRestore;
   const bool track = track_steps_.load(std::memory_order_relaxed);
@@ -87,66 +86,66 @@ size_t Table::import_rows(const uint64_t* ids, size_t n, const float* rows,
   BatchRunner::plan(*this, ids, n, ws);
   std::atomic<size_t> stored{0};
   const size_t rot = rotation();
-  ThreadPool::global().run(shards_.size(), choose_workers(n, config_.num_threads),
-                           [&](size_t task) {
-    const size_t s = (task + rot) % shards_.size();
-    const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
-    if (b == e) return;
-    Shard& sh = *shards_[s];
-    uint64_t inserts = 0, evictions = 0;
-    size_t count = 0;
-    const auto lock = sh.lock();
-    const Shard::WriteScope writing(sh);
-    const bool cow = snapshot_join(sh);
-    for (uint32_t j = b; j < e; ++j) {
-      const uint32_t i = ws.order[j];
-      const uint64_t id = ids[i];
-      const uint64_t hash = mix64(id);
-      const uint32_t last = steps != nullptr ? steps[i] : now;
-      uint32_t row = sh.find(id, hash);
-      if (row == kNoRow) {
-        if (restore) {  // never evicts: a fresh table has room unless it is too small
-          if (sh.has_unclaimed_row() && (sh.size() < sh.quota() || try_borrow())) {
-            row = sh.claim_unused_row();
+  ThreadPool::global().run(
+      shards_.size(), choose_workers(n, config_.num_threads), [&](size_t task) {
+        const size_t s = (task + rot) % shards_.size();
+        const uint32_t b = ws.shard_begin[s], e = ws.shard_begin[s + 1];
+        if (b == e) return;
+        Shard& sh = *shards_[s];
+        uint64_t inserts = 0, evictions = 0;
+        size_t count = 0;
+        const auto lock = sh.lock();
+        const Shard::WriteScope writing(sh);
+        const bool cow = snapshot_join(sh);
+        for (uint32_t j = b; j < e; ++j) {
+          const uint32_t i = ws.order[j];
+          const uint64_t id = ids[i];
+          const uint64_t hash = mix64(id);
+          const uint32_t last = steps != nullptr ? steps[i] : now;
+          uint32_t row = sh.find(id, hash);
+          if (row == kNoRow) {
+            if (restore) {  // never evicts: a fresh table has room unless it is too small
+              if (sh.has_unclaimed_row() && (sh.size() < sh.quota() || try_borrow())) {
+                row = sh.claim_unused_row();
+              }
+            } else {
+              row = claim_row_locked(s, evictions);
+            }
+            if (row == kNoRow) {
+              if (restore) {
+                if (placed != nullptr) placed[i] = 0;
+                continue;
+              }
+              ShardCounters::add(sh.counters.inserts, inserts);
+              ShardCounters::add(sh.counters.evictions, evictions);
+              throw CapacityError(no_row_message(id, s));
+            }
+            std::memcpy(row_ptr(sh, row), rows + static_cast<size_t>(i) * width,
+                        width * sizeof(float));
+            sh.link(id, hash, row, last);
+            ++inserts;
+          } else {
+            if (cow) preserve(s, row);
+            std::memcpy(row_ptr(sh, row), rows + static_cast<size_t>(i) * width,
+                        width * sizeof(float));
+            sh.meta(row).last_step = last;
+            sh.reference(row);
           }
-        } else {
-          row = claim_row_locked(s, evictions);
-        }
-        if (row == kNoRow) {
           if (restore) {
-            if (placed != nullptr) placed[i] = 0;
-            continue;
+            sh.clear_dirty(row);  // equal to the checkpoint it came from
+            sh.set_saved(row);
+          } else {
+            sh.mark_dirty(row);
           }
+          if (placed != nullptr) placed[i] = 1;
+          ++count;
+        }
+        if (!restore) {
           ShardCounters::add(sh.counters.inserts, inserts);
           ShardCounters::add(sh.counters.evictions, evictions);
-          throw CapacityError(no_row_message(id, s));
         }
-        std::memcpy(row_ptr(sh, row), rows + static_cast<size_t>(i) * width,
-                    width * sizeof(float));
-        sh.link(id, hash, row, last);
-        ++inserts;
-      } else {
-        if (cow) preserve(s, row);
-        std::memcpy(row_ptr(sh, row), rows + static_cast<size_t>(i) * width,
-                    width * sizeof(float));
-        sh.meta(row).last_step = last;
-        sh.reference(row);
-      }
-      if (restore) {
-        sh.clear_dirty(row);  // equal to the checkpoint it came from
-        sh.set_saved(row);
-      } else {
-        sh.mark_dirty(row);
-      }
-      if (placed != nullptr) placed[i] = 1;
-      ++count;
-    }
-    if (!restore) {
-      ShardCounters::add(sh.counters.inserts, inserts);
-      ShardCounters::add(sh.counters.evictions, evictions);
-    }
-    stored.fetch_add(count, std::memory_order_relaxed);
-  });
+        stored.fetch_add(count, std::memory_order_relaxed);
+      });
   return stored.load();
 }
 

@@ -54,8 +54,8 @@ inline OffsetScan scan_offsets_kernel(const int64_t* offsets, size_t num_bags) n
   uint64_t decreasing = 0, longest = 0;
   for (size_t b = 0; b < num_bags; ++b) {
     decreasing |= static_cast<uint64_t>(offsets[b + 1] < offsets[b]);
-    longest = std::max(longest, static_cast<uint64_t>(offsets[b + 1]) -
-                                    static_cast<uint64_t>(offsets[b]));
+    longest = std::max(longest,
+                       static_cast<uint64_t>(offsets[b + 1]) - static_cast<uint64_t>(offsets[b]));
   }
   return {decreasing == 0, longest};
 }

@@ -136,9 +136,10 @@ const T* canonical_array(py::handle h, py::ssize_t ndim, const py::ssize_t* expe
   std::string got = std::string(py::str(py::type::handle_of(h).attr("__name__")));
   if (py::isinstance<py::array>(h)) {
     const auto a = py::reinterpret_borrow<py::array>(h);
-    got = "dtype " + std::string(py::str(a.dtype())) + ", shape " +
-          std::string(py::str(py::cast(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim())))) +
-          ((a.flags() & py::array::c_style) ? "" : ", not C-contiguous");
+    got =
+        "dtype " + std::string(py::str(a.dtype())) + ", shape " +
+        std::string(py::str(py::cast(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim())))) +
+        ((a.flags() & py::array::c_style) ? "" : ", not C-contiguous");
   }
   throw py::type_error("table '" + table + "': " + name + " must be " + must_be + ", got " + got);
 }
@@ -149,7 +150,8 @@ const T* canonical_array(py::handle h, py::ssize_t ndim, const py::ssize_t* expe
 inline CanonicalBatch canonical_batch(py::handle h, bool with_grads, py::ssize_t dim,
                                       const std::string& table) {
   const size_t arrays = with_grads ? 3 : 2;
-  const char* form = with_grads ? "(keys, offsets, grads[, weights])" : "(keys, offsets[, weights])";
+  const char* form =
+      with_grads ? "(keys, offsets, grads[, weights])" : "(keys, offsets[, weights])";
   if (!PyTuple_CheckExact(h.ptr())) {
     throw py::type_error("table '" + table + "': expected a tuple " + form);
   }

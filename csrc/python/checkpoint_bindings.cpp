@@ -41,8 +41,7 @@ py::dict loaded_dict(embstore::LoadedTable&& t) {
   return d;
 }
 
-embstore::LoadOptions load_options(std::optional<size_t> capacity,
-                                   std::optional<size_t> num_shards,
+embstore::LoadOptions load_options(std::optional<size_t> capacity, std::optional<size_t> num_shards,
                                    std::optional<size_t> num_threads, std::optional<int> eviction,
                                    bool stage_evicted, bool keep_recent,
                                    const std::optional<Route>& keep_route) {
@@ -76,7 +75,6 @@ void register_checkpoint_errors() {
       PyErr_SetObject(PyExc_OSError, py::make_tuple(e.code().value(), e.what()).ptr());
     }
   });
-
 }
 
 }  // namespace

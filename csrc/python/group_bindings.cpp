@@ -26,8 +26,8 @@ using embstore::Table;
 using Tables = std::vector<std::shared_ptr<Table>>;
 
 // Returns the pooled outputs, float32 [bags, dim] per table, from the output pool.
-py::list group_lookup_sum(const Tables& tables, const py::list& features, int mode,
-                          bool insert, const std::vector<std::string>& labels) {
+py::list group_lookup_sum(const Tables& tables, const py::list& features, int mode, bool insert,
+                          const std::vector<std::string>& labels) {
   const size_t R = tables.size();
   if (features.size() != R || labels.size() != R) {
     throw py::value_error("group_lookup_sum: argument lists differ in length");

@@ -54,13 +54,11 @@ py::dict summarize(const HistogramSnapshot& before, const HistogramSnapshot& now
   return e;
 }
 
-std::vector<std::pair<std::string, HistogramSnapshot>> table_histograms(
-    const embstore::Table& t) {
+std::vector<std::pair<std::string, HistogramSnapshot>> table_histograms(const embstore::Table& t) {
   std::vector<std::pair<std::string, HistogramSnapshot>> out;
   const auto& timers = t.timers();
   for (size_t k = 0; k < timers.size(); ++k) {
-    out.emplace_back(embstore::timer_name(static_cast<embstore::Timer>(k)),
-                     timers[k].snapshot());
+    out.emplace_back(embstore::timer_name(static_cast<embstore::Timer>(k)), timers[k].snapshot());
   }
   return out;
 }
@@ -74,18 +72,18 @@ void bind_timers(py::module_& m) {
       .def(py::init<>())
       .def(py::init(&snapshot_from), py::arg("counts"), py::arg("sum_ns"), py::arg("max_ns"),
            py::arg("resets"))
-      .def_property_readonly(
-          "counts",
-          [](const HistogramSnapshot& s) {
-            return py::bytes(reinterpret_cast<const char*>(s.counts.data()), kCountBytes);
-          })
+      .def_property_readonly("counts",
+                             [](const HistogramSnapshot& s) {
+                               return py::bytes(reinterpret_cast<const char*>(s.counts.data()),
+                                                kCountBytes);
+                             })
       .def_readonly("sum_ns", &HistogramSnapshot::sum_ns)
       .def_readonly("max_ns", &HistogramSnapshot::max_ns)
       .def_readonly("resets", &HistogramSnapshot::resets);
 
   // Owned by the process-wide registry, never freed: Python holds plain references.
-  py::class_<LatencyHistogram, std::unique_ptr<LatencyHistogram, py::nodelete>>(
-      m, "LatencyHistogram")
+  py::class_<LatencyHistogram, std::unique_ptr<LatencyHistogram, py::nodelete>>(m,
+                                                                                "LatencyHistogram")
       .def(
           "record",
           [](LatencyHistogram& h, uint64_t ns) {

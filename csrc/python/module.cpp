@@ -71,7 +71,8 @@ void bind_runtime(py::module_& m) {
       py::arg("us"));
   m.def("metrics_enabled", &embstore::metrics_enabled);
   m.def("set_metrics_enabled", &embstore::set_metrics_enabled, py::arg("on"));
-  m.def("simd_level", [] { return std::string(embstore::simd_level_name(embstore::simd_level())); });
+  m.def("simd_level",
+        [] { return std::string(embstore::simd_level_name(embstore::simd_level())); });
   m.def("set_simd_level", &set_simd_level, py::arg("level"));
 }
 

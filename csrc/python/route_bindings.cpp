@@ -33,8 +33,8 @@ const T* array_data(const py::handle& h, const char* name, py::ssize_t ndim, py:
   }
   const auto a = py::reinterpret_borrow<py::array>(h);
   if (a.ndim() != ndim || !(a.flags() & py::array::c_style)) {
-    throw py::value_error(std::string(name) + ": expected a C-contiguous " +
-                          std::to_string(ndim) + "-D array");
+    throw py::value_error(std::string(name) + ": expected a C-contiguous " + std::to_string(ndim) +
+                          "-D array");
   }
   if ((rows >= 0 && a.shape(0) != rows) || (ndim == 2 && cols >= 0 && a.shape(1) != cols)) {
     throw py::value_error(std::string(name) + ": wrong shape");
@@ -137,8 +137,8 @@ void bind_route(py::module_& m) {
           auto offsets = pooled_array<int64_t>(c.num_offsets());
           py::object weights = py::none(), coef = py::none();
           embstore::RouteOutput& o = outputs[k];
-          o = {order.mutable_data(), keys.mutable_data(), nullptr, nullptr, bags.mutable_data(),
-               offsets.mutable_data()};
+          o = {order.mutable_data(), keys.mutable_data(),   nullptr, nullptr,
+               bags.mutable_data(),  offsets.mutable_data()};
           if (weighted) {
             auto w = pooled_array<float>(c.num_keys());
             o.weights = w.mutable_data();

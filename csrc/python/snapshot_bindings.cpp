@@ -58,11 +58,14 @@ void bind_snapshot(py::module_& m) {
       .def_property_readonly("lr", [](const PySnapshot& p) { return p.snap->lr(); })
       .def_property_readonly("finished", [](const PySnapshot& p) { return p.snap->finished(); })
       .def("next", &next, py::arg("shard"), py::arg("ids"), py::arg("rows"), py::arg("steps"))
-      .def("done", [](const PySnapshot& p, size_t s) { return p.snap->done(s); }, py::arg("shard"))
-      .def("removed", [](const PySnapshot& p, size_t s) { return vector_copy(p.snap->removed(s)); },
-           py::arg("shard"))
-      .def("sketch", [](const PySnapshot& p, size_t s) { return vector_copy(p.snap->sketch(s)); },
-           py::arg("shard"))
+      .def(
+          "done", [](const PySnapshot& p, size_t s) { return p.snap->done(s); }, py::arg("shard"))
+      .def(
+          "removed", [](const PySnapshot& p, size_t s) { return vector_copy(p.snap->removed(s)); },
+          py::arg("shard"))
+      .def(
+          "sketch", [](const PySnapshot& p, size_t s) { return vector_copy(p.snap->sketch(s)); },
+          py::arg("shard"))
       .def("commit",
            [](PySnapshot& p) {
              py::gil_scoped_release release;

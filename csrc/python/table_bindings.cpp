@@ -24,9 +24,9 @@ using embstore::Table;
 using embstore::TableConfig;
 
 // A readwrite field of the config, seen from Python as `T` (enums as their int codes).
-#define EMBSTORE_FIELD(T, name, member, type)                                        \
-  c.def_property(                                                                    \
-      name, [](const TableConfig& t) { return static_cast<T>(t.member); },          \
+#define EMBSTORE_FIELD(T, name, member, type)                              \
+  c.def_property(                                                          \
+      name, [](const TableConfig& t) { return static_cast<T>(t.member); }, \
       [](TableConfig& t, T v) { t.member = static_cast<type>(v); })
 
 void bind_table_config(py::module_& m) {
@@ -142,9 +142,9 @@ size_t import_rows(Table& t, const py::array& ids, const py::array& rows, const 
   const auto n = ids.shape(0);
   const float* r =
       checked_data<float>(rows, "rows", n, static_cast<py::ssize_t>(t.row_width()), false);
-  const uint32_t* st =
-      steps.is_none() ? nullptr
-                      : checked_data<uint32_t>(steps.cast<py::array>(), "steps", n, 0, false);
+  const uint32_t* st = steps.is_none()
+                           ? nullptr
+                           : checked_data<uint32_t>(steps.cast<py::array>(), "steps", n, 0, false);
   uint8_t* pl = placed.is_none()
                     ? nullptr
                     : checked_data<uint8_t>(placed.cast<py::array>(), "placed", n, 0, true);
@@ -199,8 +199,8 @@ void apply_gradients(Table& t, const py::array& keys, const py::array& grads,
   py::ssize_t bags = 0;
   const int64_t* off = optional_offsets(offsets, bags);
   const float* w = optional_weights(weights, n);
-  const float* g = checked_data<float>(grads, "grads", off ? bags : n,
-                                       static_cast<py::ssize_t>(t.dim()), false);
+  const float* g =
+      checked_data<float>(grads, "grads", off ? bags : n, static_cast<py::ssize_t>(t.dim()), false);
   const PoolMode pm = to_mode(mode);
   py::gil_scoped_release release;
   t.apply_gradients(k, static_cast<size_t>(n), g, off, static_cast<size_t>(bags), w, pm);

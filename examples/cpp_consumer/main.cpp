@@ -10,10 +10,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <utility>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "embstore/checkpoint.hpp"  // save, load, CheckpointError
@@ -57,8 +57,8 @@ constexpr size_t kBags = 4;
 std::vector<float> forward(embstore::Table& t, const std::vector<uint64_t>& keys,
                            const int64_t* offsets) {
   std::vector<float> pooled(kBags * t.dim());
-  t.lookup_sum(keys.data(), keys.size(), offsets, kBags, nullptr, embstore::PoolMode::kSum,
-               true, pooled.data());
+  t.lookup_sum(keys.data(), keys.size(), offsets, kBags, nullptr, embstore::PoolMode::kSum, true,
+               pooled.data());
   return pooled;
 }
 
@@ -166,8 +166,8 @@ void golden(const std::string& dir) {
       std::vector<uint64_t> keys(n);
       for (auto& k : keys) k = rng() % 5000;
       std::vector<float> pooled(bags * t->dim()), grads(bags * t->dim());
-      t->lookup_sum(keys.data(), n, offsets.data(), bags, nullptr, embstore::PoolMode::kSum,
-                    true, pooled.data());
+      t->lookup_sum(keys.data(), n, offsets.data(), bags, nullptr, embstore::PoolMode::kSum, true,
+                    pooled.data());
       for (size_t j = 0; j < grads.size(); ++j) grads[j] = float(int(j % 7) - 3) / 64.0f;
       t->apply_gradients(keys.data(), n, grads.data(), offsets.data(), bags, nullptr,
                          embstore::PoolMode::kSum);

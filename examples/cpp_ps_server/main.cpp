@@ -48,14 +48,22 @@ std::vector<std::string> split(const std::string& s) {
 bool parse(int argc, char** argv, Options* o) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--host") o->host = value;
-    else if (flag == "--port") o->port = std::atoi(value.c_str());
-    else if (flag == "--tables") o->tables = split(value);
-    else if (flag == "--dim") o->dim = std::strtoull(value.c_str(), nullptr, 10);
-    else if (flag == "--capacity") o->capacity = std::strtoull(value.c_str(), nullptr, 10);
-    else if (flag == "--lr") o->lr = static_cast<float>(std::strtod(value.c_str(), nullptr));
-    else if (flag == "--core-threads") o->core_threads = std::strtoull(value.c_str(), nullptr, 10);
-    else if (flag == "--pollers") o->pollers = std::atoi(value.c_str());
+    if (flag == "--host")
+      o->host = value;
+    else if (flag == "--port")
+      o->port = std::atoi(value.c_str());
+    else if (flag == "--tables")
+      o->tables = split(value);
+    else if (flag == "--dim")
+      o->dim = std::strtoull(value.c_str(), nullptr, 10);
+    else if (flag == "--capacity")
+      o->capacity = std::strtoull(value.c_str(), nullptr, 10);
+    else if (flag == "--lr")
+      o->lr = static_cast<float>(std::strtod(value.c_str(), nullptr));
+    else if (flag == "--core-threads")
+      o->core_threads = std::strtoull(value.c_str(), nullptr, 10);
+    else if (flag == "--pollers")
+      o->pollers = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return false;
@@ -88,15 +96,17 @@ std::vector<embstore_ps::NamedTable> make_tables(const Options& o) {
 int main(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, &o)) {
-    std::fprintf(stderr, "usage: %s [--host H] [--port P] [--tables a,b] [--dim D] "
-                         "[--capacity N] [--lr LR] [--core-threads N] [--pollers N]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s [--host H] [--port P] [--tables a,b] [--dim D] "
+                 "[--capacity N] [--lr LR] [--core-threads N] [--pollers N]\n",
+                 argv[0]);
     return 2;
   }
   embstore_ps::Service service(make_tables(o));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(o.host + ":" + std::to_string(o.port),
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(o.host + ":" + std::to_string(o.port), grpc::InsecureServerCredentials(),
+                           &port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(256 << 20);  // W1's push is 3.2 MiB; gRPC's default 4 MiB
   builder.SetMaxSendMessageSize(256 << 20);

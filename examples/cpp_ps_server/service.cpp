@@ -187,8 +187,8 @@ grpc::Status Service::Lookup(grpc::ServerContext* ctx, const embstore::ps::Looku
         std::string* out = resp->add_pooled();
         out->resize(d.num_bags * table.dim() * sizeof(float));
         resp->add_dims(static_cast<int64_t>(table.dim()));
-        batch.push_back({&table, d.keys, d.n, d.offsets, d.num_bags, d.weights, mode,
-                         req->insert(), reinterpret_cast<float*>(out->data()), tb.table()});
+        batch.push_back({&table, d.keys, d.n, d.offsets, d.num_bags, d.weights, mode, req->insert(),
+                         reinterpret_cast<float*>(out->data()), tb.table()});
       }
     }
     ScopedTimer timed(t.handle);
@@ -196,8 +196,7 @@ grpc::Status Service::Lookup(grpc::ServerContext* ctx, const embstore::ps::Looku
   });
 }
 
-grpc::Status Service::PushGrad(grpc::ServerContext* ctx,
-                               const embstore::ps::PushGradRequest* req,
+grpc::Status Service::PushGrad(grpc::ServerContext* ctx, const embstore::ps::PushGradRequest* req,
                                embstore::ps::PushGradResponse* /*resp*/) {
   LayerTimers& t = timers(false);
   record_queue(req->client_send_ns(), t.queue);
@@ -215,13 +214,13 @@ grpc::Status Service::PushGrad(grpc::ServerContext* ctx,
         size_t num_grads = 0;
         const float* grads = view<float>(tb.grads(), "grads", tb.table(), &num_grads, scratch);
         if (num_grads != d.num_bags * table.dim()) {
-          throw std::invalid_argument(
-              "grads must have shape (" + std::to_string(d.num_bags) + ", " +
-              std::to_string(table.dim()) + ") (one row per bag), got " +
-              std::to_string(num_grads) + " values");
+          throw std::invalid_argument("grads must have shape (" + std::to_string(d.num_bags) +
+                                      ", " + std::to_string(table.dim()) +
+                                      ") (one row per bag), got " + std::to_string(num_grads) +
+                                      " values");
         }
-        batch.push_back({&table, d.keys, d.n, grads, d.offsets, d.num_bags, d.weights, mode,
-                         tb.table()});
+        batch.push_back(
+            {&table, d.keys, d.n, grads, d.offsets, d.num_bags, d.weights, mode, tb.table()});
       }
     }
     ScopedTimer timed(t.handle);
@@ -245,8 +244,8 @@ grpc::Status Service::Stats(grpc::ServerContext* /*ctx*/, const embstore::ps::St
     info->set_name(name);
     info->set_dim(static_cast<int64_t>(table->dim()));
     const embstore::TableStats s = table->stats();
-    json += (json.size() > 1 ? ", \"" : "\"") + name + "\": {\"size\": " +
-            std::to_string(s.size) + ", \"capacity\": " + std::to_string(s.capacity) +
+    json += (json.size() > 1 ? ", \"" : "\"") + name + "\": {\"size\": " + std::to_string(s.size) +
+            ", \"capacity\": " + std::to_string(s.capacity) +
             ", \"dim\": " + std::to_string(s.dim) + ", \"hits\": " + std::to_string(s.hits) +
             ", \"misses\": " + std::to_string(s.misses) +
             ", \"inserts\": " + std::to_string(s.inserts) +

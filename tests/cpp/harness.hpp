@@ -25,7 +25,6 @@
 #include <thread>      // std::thread
 #include <vector>      // std::vector
 
-
 namespace embstore_test {
 
 struct CheckFailure {};  // thrown by CHECK; deliberately not a std::exception
@@ -53,36 +52,35 @@ struct Register {
 }  // namespace embstore_test
 
 // Aborts the current test case, printing file:line and the failing expression.
-#define CHECK(cond)                                                  \
-  do {                                                               \
-    if (!(cond)) ::embstore_test::fail(__FILE__, __LINE__, #cond);   \
+#define CHECK(cond)                                                \
+  do {                                                             \
+    if (!(cond)) ::embstore_test::fail(__FILE__, __LINE__, #cond); \
   } while (0)
 
 // CHECK with a message (a std::string expression) appended to the report.
-#define CHECK_MSG(cond, msg)                                                   \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      ::embstore_test::fail(__FILE__, __LINE__,                                \
+#define CHECK_MSG(cond, msg)                                                      \
+  do {                                                                            \
+    if (!(cond)) {                                                                \
+      ::embstore_test::fail(__FILE__, __LINE__,                                   \
                             std::string(#cond) + "  [" + std::string(msg) + "]"); \
-    }                                                                          \
+    }                                                                             \
   } while (0)
 
 // Expects `stmt` to throw `type` (or a subclass); any other exception fails the check.
-#define CHECK_THROWS(type, stmt)                                                         \
-  do {                                                                                   \
-    bool caught_ = false;                                                                \
-    try {                                                                                \
-      stmt;                                                                              \
-    } catch (const type&) {                                                              \
-      caught_ = true;                                                                    \
-    } catch (const std::exception& e_) {                                                 \
-      ::embstore_test::fail(__FILE__, __LINE__, std::string(#stmt) +                     \
-                                                    " threw another exception: " +       \
-                                                    e_.what());                          \
-    }                                                                                    \
-    if (!caught_) {                                                                      \
+#define CHECK_THROWS(type, stmt)                                                               \
+  do {                                                                                         \
+    bool caught_ = false;                                                                      \
+    try {                                                                                      \
+      stmt;                                                                                    \
+    } catch (const type&) {                                                                    \
+      caught_ = true;                                                                          \
+    } catch (const std::exception& e_) {                                                       \
+      ::embstore_test::fail(__FILE__, __LINE__,                                                \
+                            std::string(#stmt) + " threw another exception: " + e_.what());    \
+    }                                                                                          \
+    if (!caught_) {                                                                            \
       ::embstore_test::fail(__FILE__, __LINE__, std::string(#stmt) + " did not throw " #type); \
-    }                                                                                    \
+    }                                                                                          \
   } while (0)
 
 // Element-wise bitwise float equality, reporting the first mismatch with its values.
@@ -90,9 +88,9 @@ struct Register {
 // Bit-for-bit equality.
 #define CHECK_BITS_EQ(a, b) ::embstore_test::check_bits_eq(__FILE__, __LINE__, #a, #b, (a), (b))
 
-#define TEST_CASE(name)                                              \
-  static void name();                                                \
-  static ::embstore_test::Register register_##name(#name, &name);    \
+#define TEST_CASE(name)                                           \
+  static void name();                                             \
+  static ::embstore_test::Register register_##name(#name, &name); \
   static void name()
 
 namespace embstore_test {
@@ -100,8 +98,9 @@ namespace embstore_test {
 inline void check_floats_eq(const char* file, int line, const char* an, const char* bn,
                             const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) {
-    fail(file, line, std::string(an) + " == " + bn + ": sizes " + std::to_string(a.size()) +
-                         " != " + std::to_string(b.size()));
+    fail(file, line,
+         std::string(an) + " == " + bn + ": sizes " + std::to_string(a.size()) +
+             " != " + std::to_string(b.size()));
   }
   for (size_t i = 0; i < a.size(); ++i) {
     // Bit for bit (docs/semantics.md: a float32 implementation of the documented lines
@@ -120,12 +119,12 @@ inline void check_bits_eq(const char* file, int line, const char* an, const char
   if (a.size() != b.size() ||
       (!a.empty() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0)) {
     size_t i = 0;
-    while (i < a.size() && i < b.size() &&
-           std::memcmp(&a[i], &b[i], sizeof(float)) == 0) {
+    while (i < a.size() && i < b.size() && std::memcmp(&a[i], &b[i], sizeof(float)) == 0) {
       ++i;
     }
-    fail(file, line, std::string(an) + " bitwise== " + bn + ": first difference at element " +
-                         std::to_string(i));
+    fail(file, line,
+         std::string(an) + " bitwise== " + bn + ": first difference at element " +
+             std::to_string(i));
   }
 }
 

@@ -22,7 +22,6 @@
 #include "harness.hpp"    // CHECK, fail
 #include "test_util.hpp"  // Ids, Floats, Offsets, random_offsets
 
-
 // The one window into Table's internals the tests use: a shard, to play a writer caught in
 // the middle of a change (Table is a friend of this struct).
 namespace embstore {
@@ -82,8 +81,8 @@ inline InitializerConfig truncated(double mean, double std, uint64_t seed) {
 }
 
 inline TableConfig config(size_t dim, size_t capacity, size_t shards,
-                   Eviction eviction = Eviction::kClock, OptimizerConfig opt = sgd(0.5f),
-                   InitializerConfig init = uniform(-1.0, 1.0, 42), size_t threads = 1) {
+                          Eviction eviction = Eviction::kClock, OptimizerConfig opt = sgd(0.5f),
+                          InitializerConfig init = uniform(-1.0, 1.0, 42), size_t threads = 1) {
   TableConfig c;
   c.dim = dim;
   c.capacity = capacity;
@@ -103,7 +102,7 @@ inline Floats lookup(Table& t, const Ids& keys, bool insert = true) {
 }
 
 inline Floats lookup_sum(Table& t, const Ids& keys, const Offsets& offsets, const Floats* weights,
-                  PoolMode mode, bool insert = true) {
+                         PoolMode mode, bool insert = true) {
   Floats out((offsets.size() - 1) * t.dim(), kNaN);
   t.lookup_sum(keys.data(), keys.size(), offsets.data(), offsets.size() - 1,
                weights ? weights->data() : nullptr, mode, insert, out.data());
@@ -115,7 +114,7 @@ inline void apply(Table& t, const Ids& keys, const Floats& grads) {
 }
 
 inline void apply_pooled(Table& t, const Ids& keys, const Floats& grads, const Offsets& offsets,
-                  const Floats* weights, PoolMode mode) {
+                         const Floats* weights, PoolMode mode) {
   t.apply_gradients(keys.data(), keys.size(), grads.data(), offsets.data(), offsets.size() - 1,
                     weights ? weights->data() : nullptr, mode);
 }
@@ -181,9 +180,7 @@ inline Floats doc_initial_row(const InitializerConfig& init, uint64_t id, size_t
   Floats row(dim);
   for (size_t j = 0; j < dim; ++j) {
     switch (init.kind) {
-      case InitializerKind::kZeros:
-        row[j] = 0.0f;
-        break;
+      case InitializerKind::kZeros: row[j] = 0.0f; break;
       case InitializerKind::kUniform:
         row[j] = static_cast<float>(init.a + (init.b - init.a) * doc_u(init.seed, id, j));
         break;

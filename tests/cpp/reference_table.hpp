@@ -17,8 +17,14 @@ class RefTable {
  public:
   RefTable(size_t dim, OptimizerConfig opt, InitializerConfig init, size_t capacity = 0,
            Eviction eviction = Eviction::kClock)
-      : dim_(dim), opt_(opt), init_(init), capacity_(capacity), eviction_(eviction),
-        slot_id_(capacity), occupied_(capacity, false), ref_(capacity, false),
+      : dim_(dim),
+        opt_(opt),
+        init_(init),
+        capacity_(capacity),
+        eviction_(eviction),
+        slot_id_(capacity),
+        occupied_(capacity, false),
+        ref_(capacity, false),
         read_mark_(capacity, false) {}
 
   uint64_t hits = 0, misses = 0, inserts = 0, evictions = 0, erased = 0;
@@ -54,8 +60,8 @@ class RefTable {
     return out;
   }
 
-  Floats lookup_sum(const Ids& keys, const Offsets& offsets, const Floats* weights,
-                    PoolMode mode, bool insert) {
+  Floats lookup_sum(const Ids& keys, const Offsets& offsets, const Floats* weights, PoolMode mode,
+                    bool insert) {
     const Floats rows = lookup(keys, insert);
     const size_t bags = offsets.size() - 1;
     Floats out(bags * dim_);
@@ -233,8 +239,9 @@ inline void check_stats(Table& t, const RefTable& ref, const char* file, int lin
   const TableStats st = t.stats();
   auto eq = [&](const char* what, uint64_t got, uint64_t want) {
     if (got != want) {
-      embstore_test::fail(file, line, std::string("stats.") + what + " = " + std::to_string(got) +
-                                          ", reference " + std::to_string(want));
+      embstore_test::fail(file, line,
+                          std::string("stats.") + what + " = " + std::to_string(got) +
+                              ", reference " + std::to_string(want));
     }
   };
   eq("size", st.size, ref.size());

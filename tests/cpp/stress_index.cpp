@@ -84,8 +84,8 @@ void violation(const char* file, int line, const std::string& what) {
 }
 
 #define VIOLATION(msg) violation(__FILE__, __LINE__, (msg))
-#define EXPECT(cond, msg)                                                  \
-  do {                                                                     \
+#define EXPECT(cond, msg)                                                          \
+  do {                                                                             \
     if (!(cond)) violation(__FILE__, __LINE__, std::string(#cond) + ": " + (msg)); \
   } while (0)
 
@@ -142,8 +142,8 @@ Options parse(int argc, char** argv) {
 
 // ---- small helpers --------------------------------------------------------------------------
 
-TableConfig make_config(size_t dim, size_t capacity, size_t shards, Eviction eviction,
-                        float lr, double lo, double hi, uint64_t seed, size_t threads) {
+TableConfig make_config(size_t dim, size_t capacity, size_t shards, Eviction eviction, float lr,
+                        double lo, double hi, uint64_t seed, size_t threads) {
   TableConfig c;
   c.dim = dim;
   c.capacity = capacity;
@@ -187,7 +187,8 @@ void run_threads(size_t threads, double seconds, Body body, Monitor monitor) {
       try {
         body(t);
       } catch (const std::exception& e) {
-        VIOLATION(std::string("thread ") + std::to_string(t) + ": unexpected exception: " + e.what());
+        VIOLATION(std::string("thread ") + std::to_string(t) +
+                  ": unexpected exception: " + e.what());
       }
       running.fetch_sub(1);
     });
@@ -195,7 +196,8 @@ void run_threads(size_t threads, double seconds, Body body, Monitor monitor) {
   while (running.load() != 0) {
     monitor();
     if (elapsed_s(start) > seconds + 60.0) {
-      std::fprintf(stderr, "VIOLATION: %zu of %zu threads still running %.0f s after a %.2f s "
+      std::fprintf(stderr,
+                   "VIOLATION: %zu of %zu threads still running %.0f s after a %.2f s "
                    "phase: hang (deadlock or endless probe)\n",
                    running.load(), threads, elapsed_s(start), seconds);
       std::fflush(stderr);
@@ -230,12 +232,13 @@ struct ChurnCounts {
 void churn(const ChurnConfig& cc, uint64_t seed) {
   const size_t U = std::max<size_t>(4 * cc.capacity, 64);
   const Ids universe = make_universe(U, seed);
-  const TableConfig cfg = make_config(kDim1, cc.capacity, cc.shards, Eviction::kClock, 0.05f,
-                                      -1.0, 1.0, seed, 4);
+  const TableConfig cfg =
+      make_config(kDim1, cc.capacity, cc.shards, Eviction::kClock, 0.05f, -1.0, 1.0, seed, 4);
   Table table(cfg);
-  std::printf("phase churn/%s: capacity=%zu shards=%zu (requested %zu) threads=%zu "
-              "universe=%zu seconds=%.2f\n",
-              cc.name, cc.capacity, table.num_shards(), cc.shards, cc.threads, U, cc.seconds);
+  std::printf(
+      "phase churn/%s: capacity=%zu shards=%zu (requested %zu) threads=%zu "
+      "universe=%zu seconds=%.2f\n",
+      cc.name, cc.capacity, table.num_shards(), cc.shards, cc.threads, U, cc.seconds);
   std::fflush(stdout);
   // Initial rows of the universe (the initializer is a pure function of (seed, id)).
   Floats init(U * kDim1);
@@ -310,7 +313,8 @@ void churn(const ChurnConfig& cc, uint64_t seed) {
           out.assign(n * kDim1, std::numeric_limits<float>::quiet_NaN());
           table.lookup(keys.data(), n, false, out.data());
           cnt.looked_up += n;
-          for (size_t i = 0; i < n; ++i) check_row(idx[i], &out[i * kDim1], true, "lookup(insert=false)");
+          for (size_t i = 0; i < n; ++i)
+            check_row(idx[i], &out[i * kDim1], true, "lookup(insert=false)");
         } else if (op < 60) {
           // lookup_sum: insert=true bags are exact on the upper half (and on fingerprint-only
           // bags entirely); read-only bags of one id are that id's row or zeros.
@@ -374,7 +378,8 @@ void churn(const ChurnConfig& cc, uint64_t seed) {
           grads.assign(rows * kDim1, 0.0f);
           for (size_t r = 0; r < rows; ++r) {
             for (size_t j = 0; j < kHalf; ++j) {
-              grads[r * kDim1 + j] = static_cast<float>(static_cast<int>(rng() % 201) - 100) / 100.0f;
+              grads[r * kDim1 + j] =
+                  static_cast<float>(static_cast<int>(rng() % 201) - 100) / 100.0f;
             }
           }
           if (pooled) {
@@ -386,7 +391,8 @@ void churn(const ChurnConfig& cc, uint64_t seed) {
                                   weighted ? weights.data() : nullptr,
                                   rng() % 2 ? PoolMode::kMean : PoolMode::kSum);
           } else {
-            table.apply_gradients(keys.data(), n, grads.data(), nullptr, 0, nullptr, PoolMode::kSum);
+            table.apply_gradients(keys.data(), n, grads.data(), nullptr, 0, nullptr,
+                                  PoolMode::kSum);
           }
         } else if (op < 88) {
           const size_t n = 1 + rng() % 4;
@@ -401,7 +407,8 @@ void churn(const ChurnConfig& cc, uint64_t seed) {
           grads[rng() % grads.size()] = std::numeric_limits<float>::quiet_NaN();
           bool threw = false;
           try {
-            table.apply_gradients(keys.data(), n, grads.data(), nullptr, 0, nullptr, PoolMode::kSum);
+            table.apply_gradients(keys.data(), n, grads.data(), nullptr, 0, nullptr,
+                                  PoolMode::kSum);
           } catch (const std::invalid_argument&) {
             threw = true;
           }
@@ -410,7 +417,8 @@ void churn(const ChurnConfig& cc, uint64_t seed) {
           threw = false;
           out.assign(kDim1, 0.0f);
           try {
-            table.lookup_sum(keys.data(), n, bad.data(), 1, nullptr, PoolMode::kSum, true, out.data());
+            table.lookup_sum(keys.data(), n, bad.data(), 1, nullptr, PoolMode::kSum, true,
+                             out.data());
           } catch (const std::invalid_argument&) {
             threw = true;
           }
@@ -454,21 +462,23 @@ void churn(const ChurnConfig& cc, uint64_t seed) {
     total.apply_capacity_errors += c.apply_capacity_errors;
   }
   const TableStats st = table.stats();
-  std::printf("  ops=%llu applies=%llu big=%llu bad=%llu rows_checked=%llu bags_checked=%llu | "
-              "size=%zu max_seen=%llu hits=%llu misses=%llu inserts=%llu evictions=%llu "
-              "erased=%llu\n",
-              (unsigned long long)total.ops, (unsigned long long)total.applies,
-              (unsigned long long)total.big_batches, (unsigned long long)total.bad_inputs,
-              (unsigned long long)total.checked_rows, (unsigned long long)total.checked_bags,
-              st.size, (unsigned long long)max_size.load(), (unsigned long long)st.hits,
-              (unsigned long long)st.misses, (unsigned long long)st.inserts,
-              (unsigned long long)st.evictions, (unsigned long long)st.erased);
+  std::printf(
+      "  ops=%llu applies=%llu big=%llu bad=%llu rows_checked=%llu bags_checked=%llu | "
+      "size=%zu max_seen=%llu hits=%llu misses=%llu inserts=%llu evictions=%llu "
+      "erased=%llu\n",
+      (unsigned long long)total.ops, (unsigned long long)total.applies,
+      (unsigned long long)total.big_batches, (unsigned long long)total.bad_inputs,
+      (unsigned long long)total.checked_rows, (unsigned long long)total.checked_bags, st.size,
+      (unsigned long long)max_size.load(), (unsigned long long)st.hits,
+      (unsigned long long)st.misses, (unsigned long long)st.inserts,
+      (unsigned long long)st.evictions, (unsigned long long)st.erased);
   std::fflush(stdout);
   if (total.apply_capacity_errors != 0) {
-    std::printf("  note: %llu apply_gradients calls raised CapacityError (every row the id's "
-                "shard held was pinned by the call while the shard had to evict: the documented "
-                "case of docs/semantics.md)\n",
-                (unsigned long long)total.apply_capacity_errors);
+    std::printf(
+        "  note: %llu apply_gradients calls raised CapacityError (every row the id's "
+        "shard held was pinned by the call while the shard had to evict: the documented "
+        "case of docs/semantics.md)\n",
+        (unsigned long long)total.apply_capacity_errors);
   }
   EXPECT(st.size <= cc.capacity, "size " + std::to_string(st.size));
   EXPECT(st.size == table.size(), "stats().size != len(table)");
@@ -576,7 +586,8 @@ void cross_shard(size_t threads, double seconds, uint64_t seed) {
       table.lookup(keys.data(), keys.size(), true, out.data());
       for (size_t i = 0; i < keys.size(); ++i) {
         const Floats want = init_of(keys[i]);
-        if (std::memcmp(&out[i * dim], want.data(), dim * sizeof(float)) != 0) wrong_rows.fetch_add(1);
+        if (std::memcmp(&out[i * dim], want.data(), dim * sizeof(float)) != 0)
+          wrong_rows.fetch_add(1);
       }
     }
   };
@@ -624,8 +635,8 @@ void exact_sgd(const ExactConfig& ec, uint64_t seed) {
   const TableConfig cfg =
       make_config(kDim2, 8 * n_ids, ec.shards, Eviction::kNone, kLr2, 2.0, 3.0, seed, 4);
   Table table(cfg);
-  std::printf("phase exact/%s: ids=%zu (shared %zu) shards=%zu threads=%zu seconds=%.2f\n",
-              ec.name, n_ids, shared, table.num_shards(), ec.threads, ec.seconds);
+  std::printf("phase exact/%s: ids=%zu (shared %zu) shards=%zu threads=%zu seconds=%.2f\n", ec.name,
+              n_ids, shared, table.num_shards(), ec.threads, ec.seconds);
   std::fflush(stdout);
   Floats init(n_ids * kDim2);
   for (size_t k = 0; k < n_ids; ++k) initial_row(cfg.initializer, ids[k], &init[k * kDim2], kDim2);
@@ -713,11 +724,11 @@ void exact_sgd(const ExactConfig& ec, uint64_t seed) {
           std::fill(delta.begin(), delta.end(), 0);
           bool ok = true;
           for (size_t i = 0; i < n; ++i) {
-            const size_t row_i = pooled ? static_cast<size_t>(
-                                              std::upper_bound(off.begin(), off.end(),
-                                                               static_cast<int64_t>(i)) -
-                                              off.begin() - 1)
-                                        : i;
+            const size_t row_i =
+                pooled ? static_cast<size_t>(
+                             std::upper_bound(off.begin(), off.end(), static_cast<int64_t>(i)) -
+                             off.begin() - 1)
+                       : i;
             if (row_i != r) continue;
             delta[idx[i]] += occurrence_units(i, r);
           }
@@ -737,7 +748,8 @@ void exact_sgd(const ExactConfig& ec, uint64_t seed) {
       }
       grads.assign(rows * kDim2, 0.0f);
       for (size_t r = 0; r < rows; ++r) {
-        for (size_t j = 0; j < kDim2; ++j) grads[r * kDim2 + j] = std::ldexp(static_cast<float>(k[r]), -12);
+        for (size_t j = 0; j < kDim2; ++j)
+          grads[r * kDim2 + j] = std::ldexp(static_cast<float>(k[r]), -12);
       }
       try {
         if (pooled) {
@@ -772,8 +784,8 @@ void exact_sgd(const ExactConfig& ec, uint64_t seed) {
           }
           if (kk >= own_lo && kk < own_lo + own_per_thread) {
             for (size_t j = 0; j < kDim2; ++j) {
-              const float want = static_cast<float>(init[kk * kDim2 + j] +
-                                                    std::ldexp(static_cast<double>(mine[kk]), kUnitExp));
+              const float want = static_cast<float>(
+                  init[kk * kDim2 + j] + std::ldexp(static_cast<double>(mine[kk]), kUnitExp));
               if (!same_bits(row[j], want)) {
                 VIOLATION("own id " + std::to_string(ids[kk]) + " element " + std::to_string(j) +
                           " = " + fmt(row[j]) + ", expected " + fmt(want));
@@ -819,8 +831,8 @@ void exact_sgd(const ExactConfig& ec, uint64_t seed) {
         if (row_ok && mismatched < 10) {
           VIOLATION(std::string("final row of ") + (k < shared ? "shared" : "own") + " id " +
                     std::to_string(ids[k]) + " element " + std::to_string(j) + " = " + fmt(got) +
-                    ", expected " + fmt(want) + " (initial " + fmt(init[k * kDim2 + j]) +
-                    " + " + std::to_string(u) + " * 2^-19)");
+                    ", expected " + fmt(want) + " (initial " + fmt(init[k * kDim2 + j]) + " + " +
+                    std::to_string(u) + " * 2^-19)");
         }
         row_ok = false;
       }
@@ -828,10 +840,11 @@ void exact_sgd(const ExactConfig& ec, uint64_t seed) {
     mismatched += !row_ok;
   }
   const TableStats st = table.stats();
-  std::printf("  apply calls=%llu reads=%llu mismatched_rows=%zu | size=%zu inserts=%llu "
-              "evictions=%llu\n",
-              (unsigned long long)total_calls, (unsigned long long)total_reads, mismatched,
-              st.size, (unsigned long long)st.inserts, (unsigned long long)st.evictions);
+  std::printf(
+      "  apply calls=%llu reads=%llu mismatched_rows=%zu | size=%zu inserts=%llu "
+      "evictions=%llu\n",
+      (unsigned long long)total_calls, (unsigned long long)total_reads, mismatched, st.size,
+      (unsigned long long)st.inserts, (unsigned long long)st.evictions);
   std::fflush(stdout);
   EXPECT(st.evictions == 0 && st.erased == 0, "eviction or erase in the exact phase");
   EXPECT(st.inserts == st.size, "inserts != size without evictions");
@@ -869,7 +882,8 @@ int main(int argc, char** argv) {
   std::vector<const Phase*> selected;
   for (const Phase& p : phases) {
     bool skipped = false;
-    for (const std::string& prefix : o.skip) skipped = skipped || std::string(p.name).rfind(prefix, 0) == 0;
+    for (const std::string& prefix : o.skip)
+      skipped = skipped || std::string(p.name).rfind(prefix, 0) == 0;
     if (skipped) {
       std::printf("phase %s: skipped (--skip)\n", p.name);
     } else {

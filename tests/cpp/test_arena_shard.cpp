@@ -206,8 +206,8 @@ TEST_CASE(shard_backward_shift_keeps_colliding_ids_findable) {
     pool.push_back(kMaxId - 1);
     for (uint64_t id : pool) {  // sanity: the claimed homes
       const uint32_t lo32 = static_cast<uint32_t>(mix64(id));
-      CHECK(fast_range32(mix64(id), 256) == 0 || fast_range32(mix64(id), 256) == 255 ||
-            id == 0 || id >= kMaxId - 1);
+      CHECK(fast_range32(mix64(id), 256) == 0 || fast_range32(mix64(id), 256) == 255 || id == 0 ||
+            id >= kMaxId - 1);
       (void)lo32;
     }
     std::mt19937_64 rng(rows * 7919 + 1);
@@ -218,8 +218,9 @@ TEST_CASE(shard_backward_shift_keeps_colliding_ids_findable) {
       for (uint64_t id : pool) {
         auto it = model.find(id);
         const uint32_t got = sh.find(id, mix64(id));
-        CHECK_MSG(got == (it == model.end() ? kNoRow : it->second),
-                  std::string(when) + ": rows=" + std::to_string(rows) + " id=" + std::to_string(id));
+        CHECK_MSG(
+            got == (it == model.end() ? kNoRow : it->second),
+            std::string(when) + ": rows=" + std::to_string(rows) + " id=" + std::to_string(id));
       }
       CHECK(sh.counters.size.load() == model.size());
     };

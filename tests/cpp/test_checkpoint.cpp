@@ -26,9 +26,9 @@
 
 #include "embstore/checkpoint.hpp"
 #include "embstore/errors.hpp"
+#include "embstore/internal/crc32.hpp"
 #include "embstore/snapshot.hpp"
 #include "embstore/table.hpp"
-#include "embstore/internal/crc32.hpp"
 
 namespace {
 
@@ -55,27 +55,27 @@ struct Register {
   std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", file, line, what.c_str());
   throw CheckFailure{};
 }
-#define CHECK(cond) \
-  do {              \
+#define CHECK(cond)                               \
+  do {                                            \
     if (!(cond)) fail(__FILE__, __LINE__, #cond); \
   } while (0)
 // Expects stmt to throw `type` whose message contains `text`.
-#define CHECK_THROWS(type, text, stmt)                                                  \
-  do {                                                                                  \
-    bool caught_ = false;                                                               \
-    try {                                                                               \
-      stmt;                                                                             \
-    } catch (const type& e_) {                                                          \
-      caught_ = true;                                                                   \
-      if (!std::strstr(e_.what(), text)) {                                              \
+#define CHECK_THROWS(type, text, stmt)                                                             \
+  do {                                                                                             \
+    bool caught_ = false;                                                                          \
+    try {                                                                                          \
+      stmt;                                                                                        \
+    } catch (const type& e_) {                                                                     \
+      caught_ = true;                                                                              \
+      if (!std::strstr(e_.what(), text)) {                                                         \
         fail(__FILE__, __LINE__, std::string("message '") + e_.what() + "' lacks '" + text + "'"); \
-      }                                                                                 \
-    }                                                                                   \
-    if (!caught_) fail(__FILE__, __LINE__, std::string(#stmt) + " did not throw " #type); \
+      }                                                                                            \
+    }                                                                                              \
+    if (!caught_) fail(__FILE__, __LINE__, std::string(#stmt) + " did not throw " #type);          \
   } while (0)
-#define TEST_CASE(name)                                 \
-  void name();                                          \
-  const Register register_##name(#name, &name);         \
+#define TEST_CASE(name)                         \
+  void name();                                  \
+  const Register register_##name(#name, &name); \
   void name()
 
 fs::path& workdir() {
@@ -269,7 +269,8 @@ TEST_CASE(reshard_capacity_and_keep_recent) {
   }
   LoadOptions small;
   small.capacity = want.size() / 2;
-  CHECK_THROWS(embstore::CapacityError, "more than capacity", embstore::load(file("r.ckpt"), {}, small));
+  CHECK_THROWS(embstore::CapacityError, "more than capacity",
+               embstore::load(file("r.ckpt"), {}, small));
   small.keep_recent = true;
   small.num_shards = 1;  // no shard imbalance: exactly capacity rows
   auto l = embstore::load(file("r.ckpt"), {}, small);
@@ -494,8 +495,8 @@ TEST_CASE(save_while_four_threads_train) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  workdir() = fs::temp_directory_path() /
-              ("embstore-ckpt-test-" + std::to_string(std::random_device{}()));
+  workdir() =
+      fs::temp_directory_path() / ("embstore-ckpt-test-" + std::to_string(std::random_device{}()));
   fs::create_directories(workdir());
   int failed = 0;
   for (const Case& c : cases()) {

@@ -10,8 +10,8 @@
 
 TEST_CASE(clock_scripted_sequences) {
   // ids: 0 and 2^64-1 are ordinary.
-  const uint64_t a = 0, b = kMaxId, c = 7, d = 1234567, e = 1ULL << 63, f = 99, g = 5, h = 6,
-                 i = 8, j = 9, k = 10;
+  const uint64_t a = 0, b = kMaxId, c = 7, d = 1234567, e = 1ULL << 63, f = 99, g = 5, h = 6, i = 8,
+                 j = 9, k = 10;
   const Ids universe = {a, b, c, d, e, f, g, h, i, j, k};
   Table t(config(2, 4, 1, Eviction::kClock, sgd(0.5f), uniform(-1, 1, 3)));
   RefTable ref(2, sgd(0.5f), uniform(-1, 1, 3), 4);
@@ -74,7 +74,8 @@ TEST_CASE(clock_random_sequences_match_reference) {
       RefTable ref(dim, opt, init, capacity);
       std::mt19937_64 rng(seed * 1000 + capacity);
       Ids universe;
-      for (uint64_t id = 0; id < 3 * capacity + 2; ++id) universe.push_back(id * 0x9E3779B97F4A7C15ULL);
+      for (uint64_t id = 0; id < 3 * capacity + 2; ++id)
+        universe.push_back(id * 0x9E3779B97F4A7C15ULL);
       universe.push_back(kMaxId);
       auto pick = [&](size_t n) {
         Ids keys(n);
@@ -82,8 +83,8 @@ TEST_CASE(clock_random_sequences_match_reference) {
         return keys;
       };
       for (int op = 0; op < 400; ++op) {
-        const std::string where = "capacity=" + std::to_string(capacity) + " seed=" +
-                                  std::to_string(seed) + " op=" + std::to_string(op);
+        const std::string where = "capacity=" + std::to_string(capacity) +
+                                  " seed=" + std::to_string(seed) + " op=" + std::to_string(op);
         const int kind = static_cast<int>(rng() % 6);
         if (kind <= 1) {
           const Ids keys = pick(1 + rng() % 3);
@@ -117,8 +118,8 @@ TEST_CASE(clock_random_sequences_match_reference) {
           ref.apply(keys, grads, nullptr, nullptr, PoolMode::kSum);
         }
         const std::set<uint64_t> got = present(t, universe);
-        CHECK_MSG(got == ref.ids(), where + ": present " + describe(got) + " reference " +
-                                        describe(ref.ids()));
+        CHECK_MSG(got == ref.ids(),
+                  where + ": present " + describe(got) + " reference " + describe(ref.ids()));
         CHECK_STATS(t, ref);
       }
       // Final values (read through the reference too, so bits stay in step).
@@ -307,5 +308,6 @@ TEST_CASE(clock_apply_cross_shard_eviction_spares_batch_targets) {
                std::to_string(t.stats().evictions);
     }
   }
-  CHECK_MSG(lost == 0, std::to_string(lost) + " of " + std::to_string(reps) + " rotations: " + detail);
+  CHECK_MSG(lost == 0,
+            std::to_string(lost) + " of " + std::to_string(reps) + " rotations: " + detail);
 }

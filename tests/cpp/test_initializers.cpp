@@ -58,8 +58,9 @@ TEST_CASE(initializer_independent_of_shards_order_threads_capacity) {
       if (shards == 2) std::reverse(order.begin(), order.end());
       if (shards != 2) std::shuffle(order.begin(), order.end(), rng);
       for (size_t lo = 0; lo < order.size(); lo += 97) {
-        lookup(t, Ids(order.begin() + static_cast<std::ptrdiff_t>(lo),
-                      order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), lo + 97))));
+        lookup(t,
+               Ids(order.begin() + static_cast<std::ptrdiff_t>(lo),
+                   order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), lo + 97))));
       }
       CHECK_BITS_EQ(lookup(t, ids, false), want);
       CHECK_BITS_EQ(initial(t, ids), want);

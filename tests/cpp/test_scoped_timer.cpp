@@ -13,12 +13,12 @@
 namespace m = embstore::metrics;
 
 // Checked in every build type (assert would vanish under NDEBUG in Release).
-#define CHECK(cond)                                                       \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
+#define CHECK(cond)                                                                 \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
       std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::exit(1);                                                       \
-    }                                                                     \
+      std::exit(1);                                                                 \
+    }                                                                               \
   } while (0)
 
 static uint64_t count(const embstore::LatencyHistogram& h) {
@@ -29,8 +29,12 @@ int main() {
   embstore::set_metrics_enabled(true);
   embstore::LatencyHistogram& a = m::histogram("test.A.Total");
   CHECK(&a == &m::histogram("test.A.Total"));  // one histogram per name
-  { m::ScopedTimer t(a); }
-  { m::ScopedTimer t(std::string("test.A.Total")); }
+  {
+    m::ScopedTimer t(a);
+  }
+  {
+    m::ScopedTimer t(std::string("test.A.Total"));
+  }
   CHECK(count(a) == 2);
 
   for (const char* bad : {"", "nodot", ".x", "layer."}) {
@@ -57,7 +61,9 @@ int main() {
   CHECK(all.size() == 2 && all[0].first == "test.A.Total" && all[1].first == "test.Threads.Total");
 
   embstore::set_metrics_enabled(false);
-  { m::ScopedTimer t(a); }
+  {
+    m::ScopedTimer t(a);
+  }
   CHECK(count(a) == 2);  // off: nothing recorded
   embstore::set_metrics_enabled(true);
   m::reset_all();

@@ -59,7 +59,6 @@ std::string image_diff(const Image& a, const Image& b) {
   return "";
 }
 
-
 }  // namespace
 
 TEST_CASE(snapshot_full_copies_every_row_and_import_restores_it) {
@@ -83,8 +82,8 @@ TEST_CASE(snapshot_full_copies_every_row_and_import_restores_it) {
         rows.insert(rows.end(), v.second.begin(), v.second.end());
       }
       std::vector<uint8_t> placed(ids.size(), 7);
-      CHECK(u.import_rows(ids.data(), ids.size(), rows.data(), steps.data(),
-                          ImportMode::kRestore, placed.data()) == 300);
+      CHECK(u.import_rows(ids.data(), ids.size(), rows.data(), steps.data(), ImportMode::kRestore,
+                          placed.data()) == 300);
       for (uint8_t p : placed) CHECK(p == 1);
       const Taken again = take(u, SnapshotMode::kExport, 1000);
       CHECK_MSG(image_diff(all.rows, again.rows).empty(), image_diff(all.rows, again.rows));
@@ -182,8 +181,7 @@ TEST_CASE(snapshot_is_the_table_at_its_start_whatever_writers_do_meanwhile) {
         t.import_rows(ids.data(), ids.size(), rows.data(), nullptr, ImportMode::kUpsert, nullptr);
       });
       CHECK(t.stats().evictions > 0);
-      CHECK_MSG(image_diff(before.rows, during.rows).empty(),
-                image_diff(before.rows, during.rows));
+      CHECK_MSG(image_diff(before.rows, during.rows).empty(), image_diff(before.rows, during.rows));
     }
   }
 }
@@ -202,8 +200,8 @@ TEST_CASE(import_rows_restore_skips_what_does_not_fit_and_upsert_evicts) {
   CHECK(small.import_rows(more.data(), 3, rows.data(), nullptr, ImportMode::kUpsert, nullptr) == 3);
   CHECK(small.size() == 8 && small.stats().evictions == 3);
   Table none(config(2, 4, 1, Eviction::kNone, sgd(0.5f)));
-  CHECK_THROWS(CapacityError, none.import_rows(ids.data(), 5, rows.data(), nullptr,
-                                              ImportMode::kUpsert, nullptr));
+  CHECK_THROWS(CapacityError,
+               none.import_rows(ids.data(), 5, rows.data(), nullptr, ImportMode::kUpsert, nullptr));
   CHECK(none.size() == 4);
 }
 

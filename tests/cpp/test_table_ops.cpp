@@ -106,7 +106,7 @@ TEST_CASE(table_matches_reference_random) {
       CHECK_STATS(t, ref);
     }
     const std::set<uint64_t> ids_now = ref.ids();
-      const Ids all(ids_now.begin(), ids_now.end());
+    const Ids all(ids_now.begin(), ids_now.end());
     CHECK_FLOATS_EQ(lookup(t, all, false), ref.lookup(all, false));
   }
 }
@@ -117,7 +117,8 @@ TEST_CASE(lookup_sum_edge_cases) {
   const Floats w = {2.0f, -1.0f, 0.5f};
   // No keys, no bags; no keys, three empty bags (zero rows in both modes).
   CHECK(lookup_sum(t, {}, Offsets{0}, nullptr, PoolMode::kSum).empty());
-  CHECK_FLOATS_EQ(lookup_sum(t, {}, Offsets{0, 0, 0, 0}, nullptr, PoolMode::kMean), Floats(9, 0.0f));
+  CHECK_FLOATS_EQ(lookup_sum(t, {}, Offsets{0, 0, 0, 0}, nullptr, PoolMode::kMean),
+                  Floats(9, 0.0f));
   CHECK(lookup(t, {}).empty());
   // One id per bag (the direct path) with weights, mean and sum.
   for (PoolMode mode : {PoolMode::kSum, PoolMode::kMean}) {
@@ -157,17 +158,17 @@ TEST_CASE(validation_errors_change_nothing) {
   const Floats grads_ok(8, 1.0f);
   Floats out(8, kNaN);
   // Without offsets every id is its own bag: any other bag count is refused.
-  CHECK_THROWS(std::invalid_argument, t.lookup_sum(keys.data(), keys.size(), nullptr, 2,
-                                                   nullptr, PoolMode::kSum, true, out.data()));
+  CHECK_THROWS(std::invalid_argument, t.lookup_sum(keys.data(), keys.size(), nullptr, 2, nullptr,
+                                                   PoolMode::kSum, true, out.data()));
   auto bad_offsets = [&](const Offsets& off) {
     Floats o((off.size() - 1) * 2, kNaN);
-    CHECK_THROWS(std::invalid_argument, t.lookup_sum(keys.data(), keys.size(), off.data(),
-                                                     off.size() - 1, nullptr, PoolMode::kSum,
-                                                     true, o.data()));
+    CHECK_THROWS(std::invalid_argument,
+                 t.lookup_sum(keys.data(), keys.size(), off.data(), off.size() - 1, nullptr,
+                              PoolMode::kSum, true, o.data()));
     const Floats g((off.size() - 1) * 2, 1.0f);
     CHECK_THROWS(std::invalid_argument,
-                 t.apply_gradients(keys.data(), keys.size(), g.data(), off.data(),
-                                   off.size() - 1, nullptr, PoolMode::kMean));
+                 t.apply_gradients(keys.data(), keys.size(), g.data(), off.data(), off.size() - 1,
+                                   nullptr, PoolMode::kMean));
   };
   bad_offsets({1, 2, 4});     // offsets[0] != 0
   bad_offsets({0, 3, 2, 4});  // decreasing
@@ -175,14 +176,13 @@ TEST_CASE(validation_errors_change_nothing) {
   bad_offsets({0, 2, 5});     // offsets[-1] > len(keys)
   bad_offsets({0, -1, 4});    // negative
   // Non-finite gradients (the bad element last, so a partial apply would show) and weights.
-  for (float bad : {kNaN, std::numeric_limits<float>::infinity(),
-                    -std::numeric_limits<float>::infinity()}) {
+  for (float bad :
+       {kNaN, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()}) {
     Floats g = grads_ok;
     g.back() = bad;
     CHECK_THROWS(std::invalid_argument, apply(t, keys, g));
-    CHECK_THROWS(std::invalid_argument,
-                 apply_pooled(t, keys, Floats{1, 1, 1, bad}, Offsets{0, 2, 4}, nullptr,
-                              PoolMode::kSum));
+    CHECK_THROWS(std::invalid_argument, apply_pooled(t, keys, Floats{1, 1, 1, bad},
+                                                     Offsets{0, 2, 4}, nullptr, PoolMode::kSum));
     Floats w(4, 1.0f);
     w.back() = bad;
     CHECK_THROWS(std::invalid_argument,

@@ -127,7 +127,8 @@ TEST_CASE(results_bitwise_equal_for_1_and_4_threads) {
       const Offsets off = random_offsets(rng, n, 8000);
       const Floats w = random_floats(rng, n, -1, 1);
       for (PoolMode mode : {PoolMode::kSum, PoolMode::kMean}) {
-        const Floats s1 = lookup_sum(t1, keys, off, &w, mode), s4 = lookup_sum(t4, keys, off, &w, mode);
+        const Floats s1 = lookup_sum(t1, keys, off, &w, mode),
+                     s4 = lookup_sum(t4, keys, off, &w, mode);
         CHECK_BITS_EQ(s1, s4);
         CHECK_FLOATS_EQ(s1, ref.lookup_sum(keys, off, &w, mode, true));
       }
@@ -193,8 +194,8 @@ TEST_CASE(evicting_results_independent_of_threads_after_capacity) {
       if (std::memcmp(o1.data(), o4.data(), o1.size() * sizeof(float)) != 0) {
         first_difference = "num_threads 1 vs 4 differ in round " + std::to_string(round);
       } else if (std::memcmp(o1.data(), o1b.data(), o1.size() * sizeof(float)) != 0) {
-        first_difference = "two 1-thread tables (different task order) differ in round " +
-                           std::to_string(round);
+        first_difference =
+            "two 1-thread tables (different task order) differ in round " + std::to_string(round);
       }
     }
     const TableStats a = t1.stats(), b = t4.stats(), c = t1b.stats();

@@ -57,7 +57,6 @@ inline std::vector<Workspace*> caller_workspaces(size_t count) {
   return out;
 }
 
-
 // Prefetches every cache line of [p, p + bytes), for reading or (kForWrite) for writing.
 template <int kForWrite = 0, int kLocality = 3>
 inline void prefetch_lines(const void* p, size_t bytes) {
@@ -83,8 +82,8 @@ struct TaskSpace {
   void add(size_t tasks) { begin.push_back(begin.back() + tasks); }
   size_t total() const { return begin.back(); }
   size_t request_of(size_t task) const {
-    return static_cast<size_t>(std::upper_bound(begin.begin(), begin.end(), task) -
-                               begin.begin()) - 1;
+    return static_cast<size_t>(std::upper_bound(begin.begin(), begin.end(), task) - begin.begin()) -
+           1;
   }
 };
 

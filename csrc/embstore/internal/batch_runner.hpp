@@ -258,9 +258,8 @@ struct BatchRunner {
   // 32 floats sum in a local array the compiler keeps in registers. The bag is not empty
   // (begin < end). False if row_of aborted.
   template <size_t kDim, typename RowOf>
-  EMBSTORE_NO_SANITIZE_THREAD static bool pool_bag(float* __restrict out, size_t begin,
-                                                   size_t end, const float* weights,
-                                                   PoolMode mode, size_t dim,
+  EMBSTORE_NO_SANITIZE_THREAD static bool pool_bag(float* __restrict out, size_t begin, size_t end,
+                                                   const float* weights, PoolMode mode, size_t dim,
                                                    const RowOf& row_of) noexcept {
     constexpr bool kLocal = kDim != 0 && kDim <= 32;
     float local[kLocal ? kDim : 1];
@@ -292,19 +291,16 @@ struct BatchRunner {
     return true;
   }
 
-
   // Lock-free read kernel (read_kernel.cpp).
   static void read_bags(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
-                        std::atomic<bool>& abort, ReadTask& task, uint64_t* places,
-                        bool careful);
+                        std::atomic<bool>& abort, ReadTask& task, uint64_t* places, bool careful);
   template <size_t kDim, bool kAllNoted>
   static void read_bags_impl(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
                              std::atomic<bool>& abort, ReadTask& task, uint64_t* places);
-  static void read_bags_careful(Table& t, const LookupSumRequest& r, size_t bag_lo,
-                                size_t bag_hi, std::atomic<bool>& abort, ReadTask& task,
-                                uint64_t* places);
-  static void finish_reads(Table& t, const LookupSumRequest& r, const ReadTask* tasks,
-                           size_t count, bool aborted, RowResolution& resolution);
+  static void read_bags_careful(Table& t, const LookupSumRequest& r, size_t bag_lo, size_t bag_hi,
+                                std::atomic<bool>& abort, ReadTask& task, uint64_t* places);
+  static void finish_reads(Table& t, const LookupSumRequest& r, const ReadTask* tasks, size_t count,
+                           bool aborted, RowResolution& resolution);
 
   // Locked path of lookups (insert_kernel.cpp).
   static constexpr uint64_t kCopiedShard = 1;  // odd: never a version
@@ -313,14 +309,13 @@ struct BatchRunner {
                            uint64_t* places, uint64_t* versions, uint64_t* pass = nullptr,
                            bool count_reads = true);
   static bool pool_places(Table& t, const LookupSumRequest& r, const uint64_t* places,
-                          const uint64_t* pass, const float* copies, size_t bag_lo,
-                          size_t bag_hi);
+                          const uint64_t* pass, const float* copies, size_t bag_lo, size_t bag_hi);
   template <size_t kDim, bool kAllNoted>
   static bool pool_places_impl(Table& t, const LookupSumRequest& r, const uint64_t* places,
                                const uint64_t* pass, const float* copies, size_t bag_lo,
                                size_t bag_hi);
-  static void pool_bags(const LookupSumRequest& r, size_t dim, const float* rows,
-                        size_t bag_lo, size_t bag_hi);
+  static void pool_bags(const LookupSumRequest& r, size_t dim, const float* rows, size_t bag_lo,
+                        size_t bag_hi);
 
   // Fused apply (apply_kernel.cpp).
   static void apply_shard(Table& t, size_t s, const ApplyRequest& r, float lr, Workspace& ws);

@@ -39,8 +39,8 @@ class FileWriter {
 
   // Appends a section: `name` one of ids, rows, last_step, removed, sketch (its dtype is
   // implied); cols 0 for a 1-D section; `crc` the payload's CRC-32.
-  void section(const char* name, uint32_t shard, uint64_t rows, uint64_t cols,
-               const void* data, uint32_t crc);
+  void section(const char* name, uint32_t shard, uint64_t rows, uint64_t cols, const void* data,
+               uint32_t crc);
   void finish();             // trailer, fsync, rename over the path, directory fsync
   void discard() noexcept;   // closes and removes the temporary file
 

@@ -43,8 +43,7 @@ uint32_t crc_tables(const unsigned char* p, size_t n, uint32_t c) noexcept {
         t[12][w[0] >> 24] ^ t[11][w[1] & 0xFF] ^ t[10][(w[1] >> 8) & 0xFF] ^
         t[9][(w[1] >> 16) & 0xFF] ^ t[8][w[1] >> 24] ^ t[7][w[2] & 0xFF] ^
         t[6][(w[2] >> 8) & 0xFF] ^ t[5][(w[2] >> 16) & 0xFF] ^ t[4][w[2] >> 24] ^
-        t[3][w[3] & 0xFF] ^ t[2][(w[3] >> 8) & 0xFF] ^ t[1][(w[3] >> 16) & 0xFF] ^
-        t[0][w[3] >> 24];
+        t[3][w[3] & 0xFF] ^ t[2][(w[3] >> 8) & 0xFF] ^ t[1][(w[3] >> 16) & 0xFF] ^ t[0][w[3] >> 24];
     p += 16;
     n -= 16;
   }
@@ -60,7 +59,7 @@ uint32_t crc_tables(const unsigned char* p, size_t n, uint32_t c) noexcept {
 // tables, so a checkpoint's checksums cost little next to its copy and I/O.
 // x.lo * k.lo ^ x.hi * k.hi ^ next: one lane folded 128 bits forward onto `next`.
 __attribute__((target("pclmul,sse2"))) inline __m128i fold(__m128i x, __m128i k,
-                                                            __m128i next) noexcept {
+                                                           __m128i next) noexcept {
   const __m128i lo = _mm_clmulepi64_si128(x, k, 0x00);
   const __m128i hi = _mm_clmulepi64_si128(x, k, 0x11);
   return _mm_xor_si128(_mm_xor_si128(lo, hi), next);
