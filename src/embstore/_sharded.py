@@ -316,7 +316,7 @@ def _load_filtered(
                     raise readers[0].error(f"table {name!r} differs from the other shards'")
                 tracking = tracking or cfg.step_tracking
                 step = max(step, cfg.step)
-                for r, mask in zip(readers, masks):
+                for r, mask in zip(readers, masks, strict=True):
                     _import_routed(table, r, cfg.row_width, shard, n, mask)
             finally:
                 for r in readers:

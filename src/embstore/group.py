@@ -245,7 +245,7 @@ class TableGroup(Mapping[str, Table]):
             raise _not_taken(batches)
         if insert:  # only inserts evict
             self._deliver_evicted(names)
-        return dict(zip(names, outs))
+        return dict(zip(names, outs, strict=True))
 
     def apply_gradients(self, grads: Mapping[str, tuple[Any, ...]], *, mode: str = "sum") -> None:
         """Apply the backward of :meth:`lookup_sum` to several tables in one call.

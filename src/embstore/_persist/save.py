@@ -3,6 +3,7 @@ group saves (one file per table, then the manifest)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -170,10 +171,8 @@ def _write_manifest(directory: str, entries: dict[str, Any], names: list[str]) -
 def _remove_stale_files(directory: str, keep_files: set[str]) -> None:
     for fname in os.listdir(directory):
         if (FILE_RE.match(fname) and fname not in keep_files) or TMP_RE.match(fname):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, fname))
-            except OSError:
-                pass
 
 
 def save_group(tables: Mapping[str, TableInternals], directory: str | os.PathLike[str]) -> None:
@@ -191,14 +190,14 @@ def save_group(tables: Mapping[str, TableInternals], directory: str | os.PathLik
             snaps.append(_core.begin_snapshot(impl, MODE_FULL))
         entries: dict[str, Any] = {}
         ids: list[str] = []
-        for k, (name, t, snap) in enumerate(zip(names, internals, snaps)):
+        for k, (name, t, snap) in enumerate(zip(names, internals, snaps, strict=True)):
             ckpt_id = new_checkpoint_id()
             fname = f"t{k:03d}-{ckpt_id[:12]}.ckpt"
             write_snapshot(t, snap, os.path.join(directory, fname), "full", ckpt_id, None)
             entries[name] = {"file": fname, "checkpoint_id": ckpt_id}
             ids.append(ckpt_id)
         _write_manifest(directory, entries, names)
-        for t, snap, ckpt_id in zip(internals, snaps, ids):
+        for t, snap, ckpt_id in zip(internals, snaps, ids, strict=True):
             with t.checkpoint_lock:
                 snap.commit()
                 t.checkpoint_id = ckpt_id

@@ -268,13 +268,13 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         t1 = time.perf_counter_ns()
         futures = []
         for shard in range(self._num_shards):
-            batch = {n: p.part(shard) for n, p in zip(names, plans)}
+            batch = {n: p.part(shard) for n, p in zip(names, plans, strict=True)}
             call = self._backend.submit(shard, "lookup", token, batch, bool(insert), bool(exact))
             futures.append((shard, call))
         answers = self._results(futures, "no")
         t2 = time.perf_counter_ns()
         outs: dict[str, npt.NDArray[np.float32]] = {}
-        for name, plan, c in zip(names, plans, checked):
+        for name, plan, c in zip(names, plans, checked, strict=True):
             outs[name] = self._reduce(name, plan, c, answers, code == 1, exact)
             if insert:
                 self._forwards[name] = _Forward(token, c, code, plan)
@@ -337,7 +337,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._usable()
         token: int | None = None
         reroute: list[int] = []
-        for k, (name, c) in enumerate(zip(names, checked)):
+        for k, (name, c) in enumerate(zip(names, checked, strict=True)):
             fwd = self._forwards.get(name)
             w = c[3] if len(c) == 4 else None
             if (
@@ -356,12 +356,12 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
                 self._num_shards,
                 mean=code == 1,
             )
-            plans = {names[k]: p for k, p in zip(reroute, sub)}
+            plans = {names[k]: p for k, p in zip(reroute, sub, strict=True)}
         for name in names:
             fwd = self._forwards.get(name)
             if fwd is not None and (token is None or fwd.token == token):
                 del self._forwards[name]
-        full = self._backend.put({n: c[2] for n, c in zip(names, checked)})
+        full = self._backend.put({n: c[2] for n, c in zip(names, checked, strict=True)})
         futures = []
         for shard in range(self._num_shards):
             routed = {n: p.part(shard) for n, p in plans.items()}
