@@ -39,7 +39,8 @@ def _train(t: embstore.Table, rng: np.random.Generator, steps: int) -> None:
 
 def _assert_equal_tables(a: embstore.Table, b: embstore.Table) -> None:
     assert a.spec == b.spec
-    assert a.step == b.step and len(a) == len(b)
+    assert a.step == b.step
+    assert len(a) == len(b)
     ea, eb = a.export(), b.export()
     order_a, order_b = np.argsort(ea["ids"]), np.argsort(eb["ids"])
     assert set(ea) == set(eb)
