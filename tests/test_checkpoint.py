@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Config, assert_rows_equal, snapshot, u64
+from helpers import EVERY_OPTIMIZER, Config, assert_rows_equal, snapshot, sorted_export, u64
 from hypothesis import given, reject
 from hypothesis import strategies as st
 from reference import (
@@ -34,22 +34,6 @@ from reference import (
 import embstore
 from embstore import checkpoint
 from embstore._persist import buffers as _buffers
-
-OPTIMIZERS: list[OptSpec] = [
-    SGDSpec(lr=0.5),
-    SGDSpec(lr=0.1, momentum=0.9),
-    AdagradSpec(lr=0.1, eps=1e-6, initial_accumulator=0.1),
-    RowWiseAdagradSpec(lr=0.1, initial_accumulator=0.05),
-    AdamSpec(lr=0.01, weight_decay=0.01),
-    FTRLSpec(alpha=0.1, beta=0.5, l1=0.01, l2=0.001),
-]
-
-
-def sorted_export(t: embstore.Table) -> dict[str, np.ndarray]:
-    """t.export() with rows sorted by id."""
-    e = t.export()
-    order = np.argsort(e["ids"], kind="stable")
-    return {k: v[order] for k, v in e.items()}
 
 
 def assert_same_rows(a: embstore.Table | dict[str, np.ndarray], b: embstore.Table) -> None:
@@ -78,7 +62,7 @@ def train(t: embstore.Table, rng: np.random.Generator, steps: int, universe: int
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", OPTIMIZERS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("spec", EVERY_OPTIMIZER, ids=lambda s: type(s).__name__)
 @pytest.mark.parametrize(
     "override",
     [{}, {"num_shards": 1}, {"num_shards": 8, "capacity": 3000}, {"capacity": 600}],
@@ -108,7 +92,7 @@ def test_save_load_round_trip_is_bit_exact(
         assert_same_rows(t, loaded)
 
 
-@pytest.mark.parametrize("spec", OPTIMIZERS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("spec", EVERY_OPTIMIZER, ids=lambda s: type(s).__name__)
 def test_export_matches_reference(rng: np.random.Generator, spec: OptSpec) -> None:
     cfg = Config(dim=4, capacity=1000, optimizer=spec, num_shards=1)
     t, ref = cfg.pair()
@@ -514,7 +498,7 @@ def test_save_where_no_directory_can_be_made_raises_and_changes_nothing(tmp_path
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", OPTIMIZERS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("spec", EVERY_OPTIMIZER, ids=lambda s: type(s).__name__)
 def test_export_import_round_trip(rng: np.random.Generator, spec: OptSpec) -> None:
     cfg = Config(dim=3, capacity=500, optimizer=spec, num_shards=2)
     t = cfg.table()
@@ -716,7 +700,7 @@ _OP = st.one_of(
 
 @given(
     ops=st.lists(_OP, max_size=30),
-    spec=st.sampled_from(OPTIMIZERS),
+    spec=st.sampled_from(EVERY_OPTIMIZER),
     shards=st.sampled_from([1, 2, 4]),
     load_shards=st.sampled_from([1, 2, 8]),
 )

@@ -24,6 +24,7 @@ pytest.importorskip("grpc", reason="grpcio absent (pip install 'embstore[ps]')")
 pytest.importorskip("grpc_tools", reason="grpcio-tools absent (pip install 'embstore[ps]')")
 
 import grpc
+from helpers import group_export
 
 import embstore
 from embstore import ps
@@ -95,13 +96,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
-def _rows(group: embstore.TableGroup) -> dict[str, dict[str, np.ndarray]]:
-    out = {}
-    for name in group.names:
-        e = group[name].export()
-        order = np.argsort(e["ids"])
-        out[name] = {k: v[order] for k, v in e.items()}
-    return out
+_rows = group_export
 
 
 def _assert_same_rows(a: dict[str, Any], b: dict[str, Any]) -> None:

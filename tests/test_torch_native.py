@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch", reason="embstore.torch needs torch")
 
+from helpers import DuckKJT
 from reference import per_id_grads, pool
 
 import embstore
@@ -34,25 +35,6 @@ def configs(pad: int | None = None, opt: Any = None) -> list[EmbeddingBagConfig]
         ),
         EmbeddingBagConfig("users", 3, 1000, ["user"], optimizer=opt, initializer=U),
     ]  # fmt: skip
-
-
-class DuckKJT:
-    """The KeyedJaggedTensor interface, nothing more (TorchRec is not installed)."""
-
-    def __init__(self, keys: list[str], values: Any, lengths: Any, weights: Any = None) -> None:
-        self._keys, self._values, self._lengths, self._weights = keys, values, lengths, weights
-
-    def keys(self) -> list[str]:
-        return self._keys
-
-    def values(self) -> Any:
-        return self._values
-
-    def lengths(self) -> Any:
-        return self._lengths
-
-    def weights_or_none(self) -> Any:
-        return self._weights
 
 
 class OffsetsOnlyKJT:

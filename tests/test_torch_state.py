@@ -11,6 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="embstore.torch needs torch")
 
+from helpers import group_export
+
 import embstore
 from embstore.torch import EmbeddingBagCollection, EmbeddingBagConfig
 
@@ -68,17 +70,8 @@ def train(model: Model, data: list[Any], first_step: int) -> list[float]:
     return losses
 
 
-def exported(model: Model) -> dict[str, dict[str, Any]]:
-    out = {}
-    for name, table in model.ebc.group.items():
-        data = table.export()
-        order = np.argsort(data["ids"])
-        out[name] = {k: v[order] for k, v in data.items()}
-    return out
-
-
 def assert_same_tables(a: Model, b: Model) -> None:
-    ea, eb = exported(a), exported(b)
+    ea, eb = group_export(a.ebc.group), group_export(b.ebc.group)
     for name in ea:
         assert sorted(ea[name]) == sorted(eb[name])
         for key in ea[name]:
