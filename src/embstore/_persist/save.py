@@ -4,12 +4,10 @@ group saves (one file per table, then the manifest)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import threading
 import time
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +16,7 @@ from embstore._internals import TableInternals
 from embstore._persist import buffers
 from embstore._persist.buffers import MODE_DELTA, MODE_FULL, Buffers
 from embstore._persist.header import header
-from embstore._persist.manifest import FILE_RE, GROUP_FORMAT, MANIFEST, TMP_RE
+from embstore._persist.manifest import FILE_RE, GROUP_FORMAT, MANIFEST, TMP_RE, seal
 from embstore.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
@@ -163,9 +161,7 @@ def _write_manifest(directory: str, entries: dict[str, Any], names: list[str]) -
         "tables": entries,
         "order": names,
     }
-    text = json.dumps(body, sort_keys=True)
-    manifest = {"body": body, "crc32": zlib.crc32(text.encode()) & 0xFFFFFFFF}
-    write_atomic(os.path.join(directory, MANIFEST), json.dumps(manifest).encode())
+    write_atomic(os.path.join(directory, MANIFEST), seal(body))
 
 
 def _remove_stale_files(directory: str, keep_files: set[str]) -> None:
