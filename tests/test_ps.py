@@ -5,6 +5,7 @@ report, and the load client's smoke runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -56,14 +57,19 @@ def _close(group: embstore.TableGroup) -> None:
         table.close()
 
 
+@contextlib.contextmanager
+def _serving(group: embstore.TableGroup) -> Iterator[ps.Client]:
+    """A client of ``group`` served on a free local port; closes the client, then stops
+    the server."""
+    with ps.serve(group) as server, ps.Client(f"127.0.0.1:{server.port}", timeout=60) as c:
+        yield c
+
+
 @pytest.fixture
 def served() -> Iterator[tuple[embstore.TableGroup, ps.Client]]:
     group = _group()
-    server = ps.serve(group)
-    client = ps.Client(f"127.0.0.1:{server.port}", timeout=60)
-    yield group, client
-    client.close()
-    server.stop()
+    with _serving(group) as client:
+        yield group, client
     _close(group)
 
 
@@ -532,11 +538,8 @@ def test_cpp_server_rows_match_direct_calls_bit_for_bit(cpp_server: str) -> None
 def twin() -> Iterator[tuple[ps.Client, embstore.TableGroup]]:
     """A served group and an identical in-process one, fed the same calls."""
     served, direct = _group(seed=5), _group(seed=5)
-    server = ps.serve(served)
-    client = ps.Client(f"127.0.0.1:{server.port}", timeout=60)
-    yield client, direct
-    client.close()
-    server.stop()
+    with _serving(served) as client:
+        yield client, direct
     _close(served)
     _close(direct)
 
