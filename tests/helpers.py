@@ -232,6 +232,18 @@ def group_export(group: Any) -> dict[str, dict[str, np.ndarray]]:
     return {name: sorted_export(group[name]) for name in group.names}
 
 
+def bce_step(model: Any, opt: Any, feats: Any, labels: Any) -> float:
+    """One optimizer step of a torch ``model`` on binary cross-entropy with logits; the
+    loss. torch is imported here: this module must load without it."""
+    import torch
+
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(model(feats), labels)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return float(loss.item())
+
+
 class DuckKJT:
     """The KeyedJaggedTensor interface, nothing more (TorchRec is not installed)."""
 

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="embstore.torch needs torch")
 
-from helpers import DuckKJT, group_export
+from helpers import DuckKJT, bce_step, group_export
 
 import embstore
 from embstore.torch import EmbeddingBagCollection, EmbeddingBagConfig, KeyedTensor
@@ -76,14 +76,7 @@ def batches(n: int, keyed: bool) -> list[tuple[Any, Any]]:
 
 def run(model: Any, params: Any, data: list[Any]) -> list[float]:
     opt = torch.optim.Adam(params, lr=0.01)
-    losses = []
-    for feats, labels in data:
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(feats), labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return [bce_step(model, opt, feats, labels) for feats, labels in data]
 
 
 def tables(model: Model) -> dict[str, dict[str, bytes]]:

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="embstore.torch needs torch")
 
-from helpers import group_export
+from helpers import bce_step, group_export
 
 import embstore
 from embstore.torch import EmbeddingBagCollection, EmbeddingBagConfig
@@ -62,11 +62,7 @@ def train(model: Model, data: list[Any], first_step: int) -> list[float]:
     losses = []
     for k, (feats, labels) in enumerate(data):
         model.ebc.group.set_step(first_step + k)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(feats), labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+        losses.append(bce_step(model, opt, feats, labels))
     return losses
 
 
