@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             total = sum(s["bytes"] for s in saves)
             secs = sum(s["seconds"] for s in saves)
             peak = max(
-                s.get("peak_extra_bytes", 0) / table_bytes[n] for s, n in zip(saves, group.names)
+                s.get("peak_extra_bytes", 0) / table_bytes[n]
+                for s, n in zip(saves, group.names, strict=True)
             )
             result["saves"].append(
                 {
@@ -163,7 +164,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["with_training"] = {
             "save_gb_per_s": total / sum(s["seconds"] for s in saves) / 1e9,
             "peak_extra_share": max(
-                s.get("peak_extra_bytes", 0) / table_bytes[n] for s, n in zip(saves, group.names)
+                s.get("peak_extra_bytes", 0) / table_bytes[n]
+                for s, n in zip(saves, group.names, strict=True)
             ),
             "steps_during_saves": len(during),
             "step_ms_during_save": 1e3 * statistics.median(during) if during else None,

@@ -62,8 +62,10 @@ def train_step(
 ) -> float:
     """One W1/W2 step (pooled lookup, then the Adagrad apply) of batch ``b``; seconds."""
     a = time.perf_counter()
-    g.lookup_sum({n: (k, b.offsets) for n, k in zip(names, b.keys)})
-    g.apply_gradients({n: (k, b.offsets, gr) for n, k, gr in zip(names, b.keys, grads)})
+    g.lookup_sum({n: (k, b.offsets) for n, k in zip(names, b.keys, strict=True)})
+    g.apply_gradients(
+        {n: (k, b.offsets, gr) for n, k, gr in zip(names, b.keys, grads, strict=True)}
+    )
     return time.perf_counter() - a
 
 
@@ -206,7 +208,9 @@ def run_w4(args: argparse.Namespace, tables: list[TableData]) -> dict[str, Any]:
     g, names = embstore.TableGroup(group), list(group)
 
     def embstore_forward(b: Batch) -> object:
-        return g.lookup_sum({n: (k, b.offsets) for n, k in zip(names, b.keys)}, insert=False)
+        return g.lookup_sum(
+            {n: (k, b.offsets) for n, k in zip(names, b.keys, strict=True)}, insert=False
+        )
 
     torch_peers, close_torch = torch_forwards(tables, args.threads)
     hits0, misses0 = counters(group, "hits"), counters(group, "misses")

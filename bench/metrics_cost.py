@@ -44,9 +44,9 @@ def main() -> None:
         embstore.metrics.enable(on)
         batch = wl.batches[i % len(wl.batches)]
         a = time.perf_counter()
-        group.lookup_sum({n: (k, batch.offsets) for n, k in zip(names, batch.keys)})
+        group.lookup_sum({n: (k, batch.offsets) for n, k in zip(names, batch.keys, strict=True)})
         group.apply_gradients(
-            {n: (k, batch.offsets, g) for n, k, g in zip(names, batch.keys, wl.grads)}
+            {n: (k, batch.offsets, g) for n, k, g in zip(names, batch.keys, wl.grads, strict=True)}
         )
         if i >= 10:  # warm-up
             steps[on].append(time.perf_counter() - a)

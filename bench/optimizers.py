@@ -72,7 +72,7 @@ def main() -> None:
     for name, opt, extra, steps in runs:
         group = embstore_tables(tables, args.dim, optimizer=opt, threads=args.threads, **extra)
         if "admission" in extra:  # a second sighting admits every warm id
-            for tab, t in zip(tables, group.values()):
+            for tab, t in zip(tables, group.values(), strict=True):
                 warm_table(t, tab.warm_ids, args.dim)
         g = embstore.TableGroup(group)
         stride = next(iter(group.values())).stats()["row_stride"]
@@ -81,12 +81,15 @@ def main() -> None:
             for i, batch in enumerate(wl.batches):
                 if steps:
                     g.set_step(i + 1)
-                feats = {n: (k, batch.offsets) for n, k in zip(group, batch.keys)}
+                feats = {n: (k, batch.offsets) for n, k in zip(group, batch.keys, strict=True)}
                 a = time.perf_counter()
                 g.lookup_sum(feats)
                 b = time.perf_counter()
                 g.apply_gradients(
-                    {n: (k, batch.offsets, gr) for n, k, gr in zip(group, batch.keys, wl.grads)}
+                    {
+                        n: (k, batch.offsets, gr)
+                        for n, k, gr in zip(group, batch.keys, wl.grads, strict=True)
+                    }
                 )
                 c = time.perf_counter()
                 if i >= args.warmup:

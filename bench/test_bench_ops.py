@@ -374,8 +374,9 @@ def test_workload_ids_and_placement() -> None:
         assert np.unique(tab.warm_ids).shape[0] == universe
     for batch in wl.batches:
         assert batch.offsets.tolist() == list(range(0, 16 * 4 + 1, 4))
-        for t, (keys, rows) in enumerate(zip(batch.keys, batch.rows)):
-            assert keys.dtype == np.uint64 and keys.shape == (64,)
+        for t, (keys, rows) in enumerate(zip(batch.keys, batch.rows, strict=True)):
+            assert keys.dtype == np.uint64
+            assert keys.shape == (64,)
             # keys and dense rows name the same ranks
             np.testing.assert_array_equal(wl.tables[t].warm_ids[rows], keys)
     assert [g.shape for g in wl.grads] == [(16, 8)] * 3
@@ -386,7 +387,8 @@ def test_zipf_sampling() -> None:
     universe, n = 10_000, 400_000
     cdf = zipf_cdf(universe)
     ranks = np.searchsorted(cdf, np.random.default_rng(0).random(n))
-    assert ranks.min() >= 0 and ranks.max() < universe
+    assert ranks.min() >= 0
+    assert ranks.max() < universe
     p = np.arange(1, universe + 1, dtype=np.float64) ** -1.05
     p /= p.sum()
     counts = np.bincount(ranks, minlength=universe)

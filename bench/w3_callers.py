@@ -117,10 +117,15 @@ def main() -> None:
                 i += 1
                 a = time.perf_counter()
                 if kind == "fwd":
-                    g.lookup_sum({nm: (kk, b.offsets) for nm, kk in zip(names, b.keys)})
+                    g.lookup_sum(
+                        {nm: (kk, b.offsets) for nm, kk in zip(names, b.keys, strict=True)}
+                    )
                 else:
                     g.apply_gradients(
-                        {nm: (kk, b.offsets, gr) for nm, kk, gr in zip(names, b.keys, wl.grads)}
+                        {
+                            nm: (kk, b.offsets, gr)
+                            for nm, kk, gr in zip(names, b.keys, wl.grads, strict=True)
+                        }
                     )
                 mine.append(time.perf_counter() - a)
                 n += sum(int(x.shape[0]) for x in b.keys)
@@ -139,7 +144,7 @@ def main() -> None:
         return {
             "ids_per_s": ids[0] / elapsed,
             "latencies": latencies,
-            "contention": [a - b for a, b in zip(after, before)],
+            "contention": [a - b for a, b in zip(after, before, strict=True)],
         }
 
     print(

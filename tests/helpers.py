@@ -32,6 +32,15 @@ T = TypeVar("T")
 COUNTERS = ("hits", "misses", "inserts", "evictions", "erased", "admitted", "rejected")
 UNIFORM = UniformSpec(low=-0.5, high=0.5, seed=7)
 SGD_HALF = SGDSpec(lr=0.5)
+# one spec of each optimizer kind, off its defaults: what a saved state must carry
+EVERY_OPTIMIZER: list[OptSpec] = [
+    SGDSpec(lr=0.5),
+    SGDSpec(lr=0.1, momentum=0.9),
+    AdagradSpec(lr=0.1, eps=1e-6, initial_accumulator=0.1),
+    RowWiseAdagradSpec(lr=0.1, initial_accumulator=0.05),
+    AdamSpec(lr=0.01, weight_decay=0.01),
+    FTRLSpec(alpha=0.1, beta=0.5, l1=0.01, l2=0.001),
+]
 
 
 def store_optimizer(spec: OptSpec) -> Any:
@@ -209,6 +218,49 @@ def assert_unchanged(before: tuple[Any, ...], after: tuple[Any, ...]) -> None:
     assert st1 == st0
     assert np.array_equal(c1, c0)
     assert np.array_equal(v1, v0)
+
+
+def sorted_export(t: embstore.Table) -> dict[str, np.ndarray]:
+    """t.export() with rows sorted by id."""
+    e = t.export()
+    order = np.argsort(e["ids"], kind="stable")
+    return {k: v[order] for k, v in e.items()}
+
+
+def group_export(group: Any) -> dict[str, dict[str, np.ndarray]]:
+    """Every table of a group (anything with ``names`` and ``[name]``) as `sorted_export`."""
+    return {name: sorted_export(group[name]) for name in group.names}
+
+
+def bce_step(model: Any, opt: Any, feats: Any, labels: Any) -> float:
+    """One optimizer step of a torch ``model`` on binary cross-entropy with logits; the
+    loss. torch is imported here: this module must load without it."""
+    import torch
+
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(model(feats), labels)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return float(loss.item())
+
+
+class DuckKJT:
+    """The KeyedJaggedTensor interface, nothing more (TorchRec is not installed)."""
+
+    def __init__(self, keys: list[str], values: Any, lengths: Any, weights: Any = None) -> None:
+        self._keys, self._values, self._lengths, self._weights = keys, values, lengths, weights
+
+    def keys(self) -> list[str]:
+        return self._keys
+
+    def values(self) -> Any:
+        return self._values
+
+    def lengths(self) -> Any:
+        return self._lengths
+
+    def weights_or_none(self) -> Any:
+        return self._weights
 
 
 def random_op(

@@ -634,7 +634,7 @@ class ReferenceTable:
         pinned = set(summed)
         missing = [k for k in summed if k not in self.slot_of]  # first-occurrence order
         inits = self.initial_values(np.array(missing, dtype=np.uint64))
-        for k, row in zip(missing, inits):
+        for k, row in zip(missing, inits, strict=True):
             self._insert(k, row, pinned)
         for k, gk in summed.items():
             self._update(k, gk)

@@ -687,7 +687,6 @@ def test_markdown_flag_writes_the_page(tmp_path: Any, capsys: pytest.CaptureFixt
         main(["--markdown"])
 
 
-
 # --------------------------------------------------------------------------------------
 # W5: 26 Criteo-sized tables
 # --------------------------------------------------------------------------------------
@@ -697,11 +696,13 @@ def test_w5_tables_have_criteo_sizes_ids_and_a_permuted_placement() -> None:
     from embstore.bench import splitmix64
     from embstore.bench.w5 import CRITEO_CARDINALITIES, make_w5_tables, w5_cardinalities
 
-    assert len(CRITEO_CARDINALITIES) == 26 and sum(CRITEO_CARDINALITIES) == 33_762_577
+    assert len(CRITEO_CARDINALITIES) == 26
+    assert sum(CRITEO_CARDINALITIES) == 33_762_577
     assert w5_cardinalities() == list(CRITEO_CARDINALITIES)
     capped = w5_cardinalities(1000)
     assert capped == [min(c, 1000) for c in CRITEO_CARDINALITIES]
-    assert capped[8] == 3 and capped[5] == 24  # small tables keep their real sizes
+    assert capped[8] == 3
+    assert capped[5] == 24
     with pytest.raises(ValueError, match="max_rows"):
         w5_cardinalities(0)
     tables = make_w5_tables(1000)
@@ -729,8 +730,9 @@ def test_w5_batches_draw_each_table_over_its_own_universe() -> None:
     )  # fmt: skip
     for batch in wl.batches:
         assert batch.num_ids == 26 * 256
-        for tab, keys, rows in zip(tables, batch.keys, batch.rows):
-            assert rows.min() >= 0 and rows.max() < tab.universe
+        for tab, keys, rows in zip(tables, batch.keys, batch.rows, strict=True):
+            assert rows.min() >= 0
+            assert rows.max() < tab.universe
             np.testing.assert_array_equal(tab.warm_ids[rows], keys)
     assert set(np.unique(wl.batches[0].keys[8])) <= set(tables[8].ids)  # the 3-row table
     # Zipf: the hottest rank of a big table is drawn far more often than 1/U.
@@ -758,8 +760,14 @@ def test_w5_tiny_run_verifies_every_peer_at_every_batch_size(w5_report: dict[str
     ver = w5_report["verification"]
     # embstore at 1 and 2 threads and numpy, at each batch size.
     assert sorted((v["peer"], v["batch_size"]) for v in ver) == sorted(
-        [("embstore", 64), ("embstore", 64), ("numpy", 64)]
-        + [("embstore", 16), ("embstore", 16), ("numpy", 16)]
+        [
+            ("embstore", 64),
+            ("embstore", 64),
+            ("numpy", 64),
+            ("embstore", 16),
+            ("embstore", 16),
+            ("numpy", 16),
+        ]
     )
     assert all(v["forward_max_abs_err"] == 0.0 for v in ver if v["peer"] == "embstore")
     rows = w5_report["results"]
@@ -769,9 +777,12 @@ def test_w5_tiny_run_verifies_every_peer_at_every_batch_size(w5_report: dict[str
     for r in rows:
         assert r["ids_per_s"] == pytest.approx(26 * r["batch_size"] / (r["step_ms"] * 1e-3))
     text = format_report(w5_report)
-    assert "## embstore bench: W5" in text and "Criteo cardinalities capped at 300" in text
-    assert "### Summary, B=64" in text and "### Summary, B=16" in text
-    assert "Targets (issue 32, W5)" in text and "ids/s at B=16 / ids/s at B=64" in text
+    assert "## embstore bench: W5" in text
+    assert "Criteo cardinalities capped at 300" in text
+    assert "### Summary, B=64" in text
+    assert "### Summary, B=16" in text
+    assert "Targets (issue 32, W5)" in text
+    assert "ids/s at B=16 / ids/s at B=64" in text
     assert "traffic floor B=16 D=16 L=1" in text
     assert "(1-4 shards per table)" not in text  # capped at 300 rows: one shard each
     mem = w5_report["memory"][0]
@@ -808,7 +819,8 @@ def test_w5_targets_table_judges_each_target() -> None:
     vals = {(text, bs): v for text, bs, _, _, v in w5_target_values(results)}
     assert vals[("embstore step / traffic floor", 512)] == {1: 2.0, 2: 2.0}
     fwd = vals[("embstore fwd / torch fwd (same threads)", 512)]
-    assert fwd[1] == pytest.approx(1 / 1.2) and fwd[2] == pytest.approx(1.2)
+    assert fwd[1] == pytest.approx(1 / 1.2)
+    assert fwd[2] == pytest.approx(1.2)
     assert vals[("FBGEMM step (best threads) / embstore step", 512)][2] == pytest.approx(8 / 2.4)
     assert vals[("speedup over 1 thread / the floor's", 512)][2] == pytest.approx(1.0)
     ratio = vals[("ids/s at B=128 / ids/s at B=512", 128)][2]
@@ -824,13 +836,17 @@ def test_w5_flags(monkeypatch: pytest.MonkeyPatch) -> None:
 
     cfg = cli.config_from_args(cli.build_parser().parse_args(["--workload", "w5"]))
     assert (cfg.workload, cfg.num_tables, cfg.universe) == ("w5", 26, 100_000)
-    assert cfg.cases_batch == (512, 128) and cfg.dims == (16,) and cfg.poolings == (1,)
+    assert cfg.cases_batch == (512, 128)
+    assert cfg.dims == (16,)
+    assert cfg.poolings == (1,)
     full = cli.config_from_args(cli.build_parser().parse_args(["--workload", "w5", "--full"]))
-    assert full.universe == 10_131_227 and full.passes == 3
+    assert full.universe == 10_131_227
+    assert full.passes == 3
     small = cli.config_from_args(
         cli.build_parser().parse_args(["--workload", "w5", "--batch", "128", "--universe", "10"])
     )
-    assert small.cases_batch == (128,) and sum(t.universe for t in small.make_tables()) < 26 * 10
+    assert small.cases_batch == (128,)
+    assert sum(t.universe for t in small.make_tables()) < 26 * 10
     with pytest.raises(ValueError, match="--tables"):
         cli.config_from_args(cli.build_parser().parse_args(["--workload", "w5", "--tables", "27"]))
 
@@ -846,7 +862,8 @@ def test_a_peer_that_does_not_fit_in_memory_is_skipped(monkeypatch: pytest.Monke
     assert NumpyDensePeer.memory_bytes(tables, 16) == rows * 128  # weights + accumulators
     monkeypatch.setattr(runner, "available_bytes", lambda: 3 << 29)
     why = runner._no_room(NumpyDensePeer, tables, 16)
-    assert why is not None and f"{rows * 128 / 2**30:.1f} GiB" in why
+    assert why is not None
+    assert f"{rows * 128 / 2**30:.1f} GiB" in why
     assert "1.5 GiB is available" in why
     assert runner._no_room(NumpyDensePeer, tables[:2], 16) is None  # 262 KiB fits
     cfg = BenchConfig.w5()
@@ -854,7 +871,8 @@ def test_a_peer_that_does_not_fit_in_memory_is_skipped(monkeypatch: pytest.Monke
     cfg.peers, cfg.progress, cfg.floor = ("numpy",), False, False
     monkeypatch.setattr(runner, "available_bytes", lambda: 1 << 20)
     report = run(cfg)
-    assert report["results"] == [] and "numpy D=16 threads=-" in report["skipped"]
+    assert report["results"] == []
+    assert "numpy D=16 threads=-" in report["skipped"]
 
 
 def test_w5_plot_shows_the_headline_batch(w5_report: dict[str, Any], tmp_path: Any) -> None:

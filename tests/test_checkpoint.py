@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Config, assert_rows_equal, snapshot, u64
+from helpers import EVERY_OPTIMIZER, Config, assert_rows_equal, snapshot, sorted_export, u64
 from hypothesis import given, reject
 from hypothesis import strategies as st
 from reference import (
@@ -34,22 +34,6 @@ from reference import (
 import embstore
 from embstore import checkpoint
 from embstore._persist import buffers as _buffers
-
-OPTIMIZERS: list[OptSpec] = [
-    SGDSpec(lr=0.5),
-    SGDSpec(lr=0.1, momentum=0.9),
-    AdagradSpec(lr=0.1, eps=1e-6, initial_accumulator=0.1),
-    RowWiseAdagradSpec(lr=0.1, initial_accumulator=0.05),
-    AdamSpec(lr=0.01, weight_decay=0.01),
-    FTRLSpec(alpha=0.1, beta=0.5, l1=0.01, l2=0.001),
-]
-
-
-def sorted_export(t: embstore.Table) -> dict[str, np.ndarray]:
-    """t.export() with rows sorted by id."""
-    e = t.export()
-    order = np.argsort(e["ids"], kind="stable")
-    return {k: v[order] for k, v in e.items()}
 
 
 def assert_same_rows(a: embstore.Table | dict[str, np.ndarray], b: embstore.Table) -> None:
@@ -78,7 +62,7 @@ def train(t: embstore.Table, rng: np.random.Generator, steps: int, universe: int
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", OPTIMIZERS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("spec", EVERY_OPTIMIZER, ids=lambda s: type(s).__name__)
 @pytest.mark.parametrize(
     "override",
     [{}, {"num_shards": 1}, {"num_shards": 8, "capacity": 3000}, {"capacity": 600}],
@@ -108,7 +92,7 @@ def test_save_load_round_trip_is_bit_exact(
         assert_same_rows(t, loaded)
 
 
-@pytest.mark.parametrize("spec", OPTIMIZERS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("spec", EVERY_OPTIMIZER, ids=lambda s: type(s).__name__)
 def test_export_matches_reference(rng: np.random.Generator, spec: OptSpec) -> None:
     cfg = Config(dim=4, capacity=1000, optimizer=spec, num_shards=1)
     t, ref = cfg.pair()
@@ -126,10 +110,12 @@ def test_export_matches_reference(rng: np.random.Generator, spec: OptSpec) -> No
         if isinstance(spec, (AdagradSpec, RowWiseAdagradSpec)):
             assert np.array_equal(np.atleast_1d(e["accumulator"][i]), state.acc)
         elif isinstance(spec, AdamSpec):
-            assert np.array_equal(e["m"][i], state.m) and np.array_equal(e["v"][i], state.v)
+            assert np.array_equal(e["m"][i], state.m)
+            assert np.array_equal(e["v"][i], state.v)
             assert int(e["step"][i]) == state.t
         elif isinstance(spec, FTRLSpec):
-            assert np.array_equal(e["z"][i], state.z) and np.array_equal(e["n"][i], state.n)
+            assert np.array_equal(e["z"][i], state.z)
+            assert np.array_equal(e["n"][i], state.n)
         elif spec.momentum > 0:
             assert np.array_equal(e["momentum"][i], state.buf)
     names = ["ids", "values", *t.state_names(), "last_step"]
@@ -171,13 +157,19 @@ def test_configuration_is_restored(tmp_path: Path) -> None:
     t.set_step(123)
     t.save(tmp_path / "c.ckpt")
     u = embstore.Table.load(tmp_path / "c.ckpt")
-    assert u.dim == 6 and u.capacity == 5000 and u.num_shards == 4 and u.num_threads == 1
+    assert u.dim == 6
+    assert u.capacity == 5000
+    assert u.num_shards == 4
+    assert u.num_threads == 1
     assert u.optimizer == embstore.FTRL(alpha=0.05, beta=0.7, l1=0.01, l2=0.02)
     assert u.initializer == embstore.TruncatedNormal(std=0.3, mean=0.1, seed=9)
-    assert u.eviction == "none" and u.name == "users" and u.step == 123
+    assert u.eviction == "none"
+    assert u.name == "users"
+    assert u.step == 123
     assert u.admission == embstore.CountFilter(min_count=2, width=4096, depth=3)
     h = checkpoint.read_header(tmp_path / "c.ckpt")
-    assert h["version"] == checkpoint.FORMAT_VERSION and h["kind"] == "full"
+    assert h["version"] == checkpoint.FORMAT_VERSION
+    assert h["kind"] == "full"
     assert h["table"]["optimizer"] == {
         "type": "FTRL",
         "alpha": 0.05,
@@ -186,7 +178,9 @@ def test_configuration_is_restored(tmp_path: Path) -> None:
         "l2": 0.02,
     }
     assert h["state_layout"] == [["z", 6, "float32"], ["n", 6, "float32"]]
-    assert h["rows"] == 0 and h["parent_id"] is None and len(h["checkpoint_id"]) == 32
+    assert h["rows"] == 0
+    assert h["parent_id"] is None
+    assert len(h["checkpoint_id"]) == 32
     # Overrides.
     seen: list[int] = []
     v = embstore.Table.load(
@@ -218,7 +212,8 @@ def test_default_shards_follow_the_saved_table_and_threads_the_machine(tmp_path:
     t.save(tmp_path / "d.ckpt")
     assert checkpoint.read_header(tmp_path / "d.ckpt")["table"]["num_threads"] is None
     u = embstore.Table.load(tmp_path / "d.ckpt")
-    assert u.num_shards == t.num_shards and u.num_threads == t.num_threads
+    assert u.num_shards == t.num_shards
+    assert u.num_threads == t.num_threads
     # A capacity below the saved shard count lets the table choose its shards; an explicit
     # num_shards is never ignored.
     assert embstore.Table.load(tmp_path / "d.ckpt", capacity=4).num_shards == 1
@@ -254,7 +249,8 @@ def test_step_tracking_off_stays_off(tmp_path: Path) -> None:
     t.save(tmp_path / "n.ckpt")
     assert checkpoint.read_header(tmp_path / "n.ckpt")["table"]["step_tracking"] is False
     u = embstore.Table.load(tmp_path / "n.ckpt")
-    assert u.step == 0 and len(u) == 10
+    assert u.step == 0
+    assert len(u) == 10
 
 
 def test_latency_histograms_include_save_and_load(tmp_path: Path) -> None:
@@ -326,7 +322,8 @@ def test_delta_chain_reproduces_the_table(tmp_path: Path, rng: np.random.Generat
         t.save_delta(d)
         chain.append(d)
         h = checkpoint.read_header(d)
-        assert h["kind"] == "delta" and h["rows"] < len(t) + 1
+        assert h["kind"] == "delta"
+        assert h["rows"] < len(t) + 1
         loaded = embstore.Table.load(tmp_path / "base", deltas=chain, num_shards=2)
         assert_same_rows(t, loaded)
         assert loaded.step == t.step
@@ -346,7 +343,8 @@ def test_delta_holds_only_changed_rows_and_removed_ids(tmp_path: Path) -> None:
     assert sorted(d["removed"].tolist()) == [7, 8]
     t.save_delta(tmp_path / "d2")  # nothing changed since d1
     d2 = checkpoint.read(tmp_path / "d2")
-    assert d2["ids"].shape[0] == 0 and d2["removed"].shape[0] == 0
+    assert d2["ids"].shape[0] == 0
+    assert d2["removed"].shape[0] == 0
     h1, h2 = checkpoint.read_header(tmp_path / "d1"), checkpoint.read_header(tmp_path / "d2")
     assert h2["parent_id"] == h1["checkpoint_id"]
     assert h1["parent_id"] == checkpoint.read_header(tmp_path / "b")["checkpoint_id"]
@@ -500,7 +498,7 @@ def test_save_where_no_directory_can_be_made_raises_and_changes_nothing(tmp_path
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", OPTIMIZERS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("spec", EVERY_OPTIMIZER, ids=lambda s: type(s).__name__)
 def test_export_import_round_trip(rng: np.random.Generator, spec: OptSpec) -> None:
     cfg = Config(dim=3, capacity=500, optimizer=spec, num_shards=2)
     t = cfg.table()
@@ -510,7 +508,8 @@ def test_export_import_round_trip(rng: np.random.Generator, spec: OptSpec) -> No
     assert u.import_(e) == len(t)
     assert_same_rows(t, u)
     # Overwriting rows that exist.
-    assert u.import_(e) == len(t) and len(u) == len(t)
+    assert u.import_(e) == len(t)
+    assert len(u) == len(t)
     assert_same_rows(t, u)
 
 
@@ -528,8 +527,10 @@ def test_import_without_state_gives_fresh_state() -> None:
     adam = embstore.Table(dim=2, capacity=100, optimizer=embstore.Adam(0.1))
     adam.import_({"ids": [5], "values": np.ones((1, 2)), "last_step": [3]})
     ea = adam.export()
-    assert ea["step"].tolist() == [0] and ea["last_step"].tolist() == [3]
-    assert np.all(ea["m"] == 0) and np.all(ea["v"] == 0)
+    assert ea["step"].tolist() == [0]
+    assert ea["last_step"].tolist() == [3]
+    assert np.all(ea["m"] == 0)
+    assert np.all(ea["v"] == 0)
 
 
 def test_import_validates_everything_before_changing_the_table() -> None:
@@ -575,7 +576,8 @@ def test_import_into_a_full_table_evicts_like_an_insert() -> None:
     )
     t.lookup(np.arange(10))
     t.import_({"ids": np.arange(100, 105), "values": np.ones((5, 2), np.float32)})
-    assert len(t) == 10 and len(seen) == 5
+    assert len(t) == 10
+    assert len(seen) == 5
     strict = embstore.Table(dim=2, capacity=10, num_shards=1, eviction="none")
     strict.lookup(np.arange(10))
     with pytest.raises(embstore.CapacityError):
@@ -585,8 +587,10 @@ def test_import_into_a_full_table_evicts_like_an_insert() -> None:
 def test_export_of_an_empty_table() -> None:
     t = embstore.Table(dim=3, capacity=10, optimizer=embstore.RowWiseAdagrad(0.1))
     e = t.export()
-    assert e["ids"].shape == (0,) and e["values"].shape == (0, 3)
-    assert e["accumulator"].shape == (0,) and e["last_step"].shape == (0,)
+    assert e["ids"].shape == (0,)
+    assert e["values"].shape == (0, 3)
+    assert e["accumulator"].shape == (0,)
+    assert e["last_step"].shape == (0,)
 
 
 # --------------------------------------------------------------------------------------
@@ -645,14 +649,13 @@ def test_group_save_load(tmp_path: Path, rng: np.random.Generator) -> None:
     train(a, rng, 2, 300)
     g.save(d)
     files = sorted(os.listdir(d))
-    assert (
-        len(files) == 3
-        and "MANIFEST.json" in files
-        and not set(first) & set(files) - {"MANIFEST.json"}
-    )
+    assert len(files) == 3
+    assert "MANIFEST.json" in files
+    assert not set(first) & set(files) - {"MANIFEST.json"}
     h = embstore.TableGroup.load(d, num_threads=1)
     assert h.names == ["user", "item/x"]
-    assert h["user"].num_threads == 1 and h["item/x"].name == "item/x"
+    assert h["user"].num_threads == 1
+    assert h["item/x"].name == "item/x"
     assert_same_rows(a, h["user"])
     assert_same_rows(b, h["item/x"])
     # A table of a group checkpoint can go on with its own deltas.
@@ -697,7 +700,7 @@ _OP = st.one_of(
 
 @given(
     ops=st.lists(_OP, max_size=30),
-    spec=st.sampled_from(OPTIMIZERS),
+    spec=st.sampled_from(EVERY_OPTIMIZER),
     shards=st.sampled_from([1, 2, 4]),
     load_shards=st.sampled_from([1, 2, 8]),
 )

@@ -162,7 +162,7 @@ def test_several_writers_each_see_one_instant(tmp_path: Path, slow_saves: None) 
     rows = checkpoint.read(tmp_path / "multi.ckpt")
     traj_w, traj_acc = adagrad_trajectory(max(w.completed_calls for w in writers) + 2, 4)
     k = updates_per_row(rows, traj_w, traj_acc)
-    by_id = dict(zip(rows["ids"].tolist(), k.tolist()))
+    by_id = dict(zip(rows["ids"].tolist(), k.tolist(), strict=True))
     for g in groups:
         ks = np.array([by_id[i] for i in g.tolist()])
         assert ks.max() - ks.min() <= 1
@@ -185,9 +185,10 @@ def test_delta_while_training_restores_one_instant(tmp_path: Path, slow_saves: N
     rows = loaded.export()
     traj_w, traj_acc = adagrad_trajectory(w.completed_calls + 3, 4)
     k = updates_per_row(rows, traj_w, traj_acc)
-    by_id = dict(zip(rows["ids"].tolist(), k.tolist()))
+    by_id = dict(zip(rows["ids"].tolist(), k.tolist(), strict=True))
     changed = np.array([by_id[i] for i in ids[::2].tolist()])
-    assert changed.max() - changed.min() <= 1 and changed.min() >= 3
+    assert changed.max() - changed.min() <= 1
+    assert changed.min() >= 3
     assert {by_id[i] for i in ids[1::2].tolist()} == {1}
     delta_ids = set(checkpoint.read(tmp_path / "delta")["ids"].tolist())
     assert delta_ids == set(ids[::2].tolist())

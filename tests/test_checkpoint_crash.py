@@ -103,7 +103,8 @@ def check_directory(directory: Path, ckpt: Path) -> None:
     for p in directory.iterdir():
         if p == ckpt or p.name.startswith("marker"):
             continue
-        assert p.name.startswith(f".{ckpt.name}.") and p.name.endswith(".tmp"), p.name
+        assert p.name.startswith(f".{ckpt.name}."), p.name
+        assert p.name.endswith(".tmp"), p.name
         try:
             rows = checkpoint.read(p)
         except embstore.CheckpointError:
@@ -142,7 +143,8 @@ def test_kill_at_a_known_point_keeps_the_previous_checkpoint(tmp_path: Path, poi
     loaded = embstore.Table.load(ckpt)
     got = digest(loaded.export())
     if point == "dirsync":  # killed after the rename: the new checkpoint is complete
-        assert got != want_old and len(loaded) == rows
+        assert got != want_old
+        assert len(loaded) == rows
         assert checkpoint.read_header(ckpt)["rows"] == rows
     else:
         assert got == want_old
@@ -191,7 +193,9 @@ def test_group_save_killed_keeps_the_previous_group(tmp_path: Path, point: str) 
     wait_for(marker, proc)
     kill(proc)
     h = embstore.TableGroup.load(d)
-    assert h.names == ["a", "b"] and len(h["a"]) == 100 and len(h["b"]) == 0
+    assert h.names == ["a", "b"]
+    assert len(h["a"]) == 100
+    assert len(h["b"]) == 0
     assert digest(h["a"].export()) == digest(a.export())
     assert set(before) <= set(os.listdir(d))
     g.save(d)  # the next save cleans up what the killed one left

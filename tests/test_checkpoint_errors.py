@@ -57,9 +57,10 @@ def test_every_flipped_byte_is_detected(tmp_path: Path, delta: bool) -> None:
         try:
             checkpoint.read(bad)
         except embstore.CheckpointError as e:
-            assert str(bad) in str(e)
+            err = e
         else:
             pytest.fail(f"a flipped byte at offset {offset} of {len(good)} went unnoticed")
+        assert str(bad) in str(err)
 
 
 def test_loader_rejects_corruption_in_each_region(tmp_path: Path) -> None:

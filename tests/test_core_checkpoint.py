@@ -133,21 +133,27 @@ def test_core_files_read_with_the_numpy_reader(tmp_path: Path, k: int) -> None:
     assert_same_arrays(checkpoint.read(core_file), t.export())
     t2 = embstore.Table.load(core_file)
     assert_same_arrays(t2.export(), t.export())
-    assert t2.name == "user" and t2.step == t.step and t2.num_shards == t.num_shards
+    assert t2.name == "user"
+    assert t2.step == t.step
+    assert t2.num_shards == t.num_shards
     # The header says what the Python writer's says (floats as the core's float32).
     state = t._internals()  # as if built with name="user", num_threads=2
     state.spec = dataclasses.replace(state.spec, name="user", num_threads=2)
     t.name = "user"
     t.save(py_file)
     hc, hp = checkpoint.read_header(core_file), checkpoint.read_header(py_file)
-    assert hc["checkpoint_id"] == cid and hc["kind"] == "full" and hc["parent_id"] is None
+    assert hc["checkpoint_id"] == cid
+    assert hc["kind"] == "full"
+    assert hc["parent_id"] is None
     assert as_float32(hc["table"]) == as_float32(hp["table"])
     for key in ("format", "version", "row_width", "state_layout", "consistency", "rows"):
         assert hc[key] == hp[key], key
     if admission is not None:  # the sketch sections round trip
         t3 = embstore.Table.load(core_file)
         for s in range(t.num_shards):
-            assert np.array_equal(t3._internals().live().sketch_counters(s), t._internals().live().sketch_counters(s))
+            assert np.array_equal(
+                t3._internals().live().sketch_counters(s), t._internals().live().sketch_counters(s)
+            )
 
 
 def test_python_chain_loads_in_the_core(tmp_path: Path) -> None:
@@ -164,7 +170,8 @@ def test_python_chain_loads_in_the_core(tmp_path: Path) -> None:
     got = _core.checkpoint_load(paths[0], paths[1:])
     assert_same_core_rows(got["table"], t._internals().live())
     assert got["checkpoint_id"] == checkpoint.read_header(files[-1])["checkpoint_id"]
-    assert got["table"].step == t.step and got["rows"] == len(t)
+    assert got["table"].step == t.step
+    assert got["rows"] == len(t)
     # The core continues the chain it loaded; Python reads the result.
     _core.checkpoint_save(got["table"], str(tmp_path / "d3.ckpt"), delta=True)
     again = embstore.Table.load(files[0], deltas=[*files[1:], tmp_path / "d3.ckpt"])
@@ -235,7 +242,8 @@ def test_route_and_keep_route(tmp_path: Path) -> None:
         got = _core.checkpoint_load(str(tmp_path / "t.ckpt"), keep_route=(salt, n, k), num_shards=2)
         rows = core_rows(got["table"])
         assert np.all(_core.route(rows["ids"], salt, n) == k)
-        assert got["checkpoint_id"] is None and got["dropped"] == len(t) - rows["ids"].shape[0]
+        assert got["checkpoint_id"] is None
+        assert got["dropped"] == len(t) - rows["ids"].shape[0]
         parts.append(rows)
     whole = core_rows(t._internals().live())
     ids_all = np.concatenate([p["ids"] for p in parts])
@@ -255,7 +263,9 @@ def test_groups_both_ways(tmp_path: Path) -> None:
     for name, d in got:
         assert_same_core_rows(d["table"], g[name]._internals().live())
         assert d["name"] == name
-    _core.checkpoint_save_group([(n, g[n]._internals().live()) for n in g.names], str(tmp_path / "core"))
+    _core.checkpoint_save_group(
+        [(n, g[n]._internals().live()) for n in g.names], str(tmp_path / "core")
+    )
     back = embstore.TableGroup.load(tmp_path / "core")
     assert back.names == g.names
     for name in g.names:

@@ -53,7 +53,8 @@ def test_tiny_synthetic_run_learns_and_ends_with_the_summary_line() -> None:
     assert status == 0
     test_auc, test_logloss, examples_per_s = last_line(lines)
     assert test_auc > 0.65  # learnable data: well above chance
-    assert 0 < test_logloss < 0.6 and examples_per_s > 0
+    assert 0 < test_logloss < 0.6
+    assert examples_per_s > 0
     steps = [line for line in lines if line.startswith("step=")]
     assert len(steps) == 7  # 63 steps: every 10, and the end of the epoch
     assert all(STEP_LINE.match(line) for line in steps), steps
@@ -78,7 +79,8 @@ def test_holdout_tunes_on_the_training_part() -> None:
     match = re.match(
         r"^holdout_auc=(0\.\d{4}) holdout_logloss=\d+\.\d{4} examples_per_s=\d+$", lines[-1]
     )
-    assert match and float(match[1]) > 0.6
+    assert match
+    assert float(match[1]) > 0.6
 
 
 def test_same_seed_same_result() -> None:
@@ -89,7 +91,8 @@ def test_same_seed_same_result() -> None:
 
 def test_quiet_prints_no_step_lines() -> None:
     status, lines = run_demo([*TINY, "--quiet"])
-    assert status == 0 and not any(line.startswith("step=") for line in lines)
+    assert status == 0
+    assert not any(line.startswith("step=") for line in lines)
 
 
 def test_log_lines_without_metrics_have_no_latency() -> None:
@@ -100,7 +103,8 @@ def test_log_lines_without_metrics_have_no_latency() -> None:
         embstore.metrics.enable(True)
     assert status == 0
     steps = [line for line in lines if line.startswith("step=")]
-    assert steps and all("lookup_p50_us" not in line for line in steps)
+    assert steps
+    assert all("lookup_p50_us" not in line for line in steps)
 
 
 def test_module_command_line() -> None:
@@ -144,7 +148,8 @@ def test_files_criteo_and_libfm(tmp_path: Path) -> None:
             "4",
         ]
     )
-    assert status == 0 and last_line(out)[0] > 0.6
+    assert status == 0
+    assert last_line(out)[0] > 0.6
     assert "5000 train / 1000 test examples" in out[0]
     # Criteo: categorical columns from the ids, integers from a noisy copy of the label
     rng = np.random.default_rng(0)
@@ -155,8 +160,10 @@ def test_files_criteo_and_libfm(tmp_path: Path) -> None:
         crit.append("\t".join([str(int(y)), *ints, *cats]))
     (tmp_path / "c.txt").write_text("\n".join(crit) + "\n")
     status, out = run_demo(["--data", str(tmp_path / "c.txt"), "--quiet", "--dim", "4"])
-    assert status == 0 and last_line(out)[0] > 0.75
-    assert "4800 train / 1200 test examples" in out[0] and "39 fields" in out[0]
+    assert status == 0
+    assert last_line(out)[0] > 0.75
+    assert "4800 train / 1200 test examples" in out[0]
+    assert "39 fields" in out[0]
 
 
 def test_dnn_model() -> None:
@@ -212,7 +219,9 @@ def test_progress_bar_only_on_a_terminal() -> None:
     bar = report.ProgressBar(10, stream=tty, hz=1e9)
     bar.update(5, "auc=0.7")
     bar.clear()
-    assert "\r[" in tty.getvalue() and "50%" in tty.getvalue() and "5/10 steps" in tty.getvalue()
+    assert "\r[" in tty.getvalue()
+    assert "50%" in tty.getvalue()
+    assert "5/10 steps" in tty.getvalue()
     for stream, enabled in ((io.StringIO(), True), (FakeTty(), False)):
         quiet = report.ProgressBar(10, stream=stream, enabled=enabled)
         quiet.update(5, force=True)
@@ -240,5 +249,6 @@ def test_plot(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "run.png"
     status, lines = run_demo([*TINY, "--quiet", "--plot", str(png)])
-    assert status == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert status == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"plot: {png}" in lines

@@ -57,10 +57,14 @@ def test_read_criteo(tmp_path: Path) -> None:
         ],
     )
     data = readers.read(path)  # auto-detects the format
-    assert len(data) == 4 and data.num_fields == 39
-    assert data.fields[:2] == ("I1", "I2") and data.fields[-1] == "C26"
+    assert len(data) == 4
+    assert data.num_fields == 39
+    assert data.fields[:2] == ("I1", "I2")
+    assert data.fields[-1] == "C26"
     np.testing.assert_array_equal(data.labels, [1, 0, 0, 1])
-    assert data.ids.dtype == np.uint64 and data.values is None and data.present is None
+    assert data.ids.dtype == np.uint64
+    assert data.values is None
+    assert data.present is None
     np.testing.assert_array_equal(data.ids[:, 1], data.ids[:, 2])  # missing: one id per field
     assert len(set(data.ids[:, 1].tolist())) == 39  # ... which differs between fields
     assert len(set(data.ids[:13, 3].tolist())) == 13  # equal values, different fields
@@ -93,14 +97,16 @@ def test_read_libfm(tmp_path: Path) -> None:
     assert data.fields == ("f0", "f1")
     np.testing.assert_array_equal(data.labels, [1, 0, 0])
     np.testing.assert_array_equal(data.ids, [[3, 4, 3], [10, 11, 12]])
-    assert data.values is None and data.present is None
+    assert data.values is None
+    assert data.present is None
 
 
 def test_read_libfm_values_and_ragged_lines(tmp_path: Path) -> None:
     path = write(tmp_path, "f.libfm", ["1 3:0.5 10:2", "0 4:1", "1 5:1 6:1 7:-1"])
     data = readers.read_libfm(path)
     assert data.num_fields == 3
-    assert data.present is not None and data.values is not None
+    assert data.present is not None
+    assert data.values is not None
     np.testing.assert_array_equal(data.present, [[1, 1, 1], [1, 0, 1], [0, 0, 1]])
     np.testing.assert_array_equal(data.values[:, 0], [0.5, 2, 1])
     batch = data.batch(0, 3)
@@ -185,7 +191,8 @@ def test_auc_and_logloss(rng: np.random.Generator) -> None:
     y = rng.integers(0, 2, 300).astype(np.float32)
     s = np.round(rng.random(300) + 0.3 * y, 1)  # many ties
     assert auc(y, s) == pytest.approx(brute_force_auc(y, s), abs=1e-12)
-    assert auc([1, 0], [0.9, 0.1]) == 1.0 and auc([1, 0], [0.1, 0.9]) == 0.0
+    assert auc([1, 0], [0.9, 0.1]) == 1.0
+    assert auc([1, 0], [0.1, 0.9]) == 0.0
     assert math.isnan(auc([1, 1], [0.3, 0.4]))
     p = rng.random(300)
     expected = -np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))
@@ -207,7 +214,8 @@ def test_synthetic_is_deterministic_and_learnable() -> None:
     a, b = synthetic(20_000, 5, seed=3), synthetic(20_000, 5, seed=3)
     np.testing.assert_array_equal(a.data.ids, b.data.ids)
     np.testing.assert_array_equal(a.data.labels, b.data.labels)
-    assert a.data.ids.shape == (5, 20_000) and a.data.fields[0] == "field0"
+    assert a.data.ids.shape == (5, 20_000)
+    assert a.data.fields[0] == "field0"
     assert not np.array_equal(synthetic(20_000, 5, seed=4).data.labels, a.data.labels)
     assert 0.15 < a.data.labels.mean() < 0.4
     assert auc(a.data.labels, a.logits) > 0.8  # the hidden model separates the classes
@@ -259,7 +267,8 @@ def test_fm_gradient_matches_finite_differences(
         down[index] -= h
         numeric[index] = (loss(up) - loss(down)) / (2 * h)
     probabilities = model.train_step(batch)
-    assert probabilities.shape == (5,) and ((probabilities > 0) & (probabilities < 1)).all()
+    assert probabilities.shape == (5,)
+    assert ((probabilities > 0) & (probabilities < 1)).all()
     after = np.stack([group[f].lookup(ids[k], insert=False) for k, f in enumerate(fields)])
     np.testing.assert_allclose(rows0 - after, numeric, rtol=1e-3, atol=1e-6)
     # predict is read-only
@@ -274,7 +283,8 @@ def test_fm_gradient_matches_finite_differences(
 
 @pytest.mark.parametrize("fields", [1, 2, 8, 10])
 def test_defaults_up_to_ten_fields_are_the_fixed_ones(fields: int) -> None:
-    assert default_lr(fields) == 0.1 and default_factor_scale(fields) == 1.0
+    assert default_lr(fields) == 0.1
+    assert default_factor_scale(fields) == 1.0
 
 
 def test_defaults_shrink_with_more_fields() -> None:
@@ -282,8 +292,10 @@ def test_defaults_shrink_with_more_fields() -> None:
     assert default_factor_scale(39) == pytest.approx(45 / 741)  # pairs of 10 and 39 fields
     lrs = [default_lr(f) for f in range(10, 100)]
     scales = [default_factor_scale(f) for f in range(10, 100)]
-    assert all(a > b for a, b in itertools.pairwise(lrs)) and all(x > 0 for x in lrs)
-    assert all(a > b for a, b in itertools.pairwise(scales)) and all(x > 0 for x in scales)
+    assert all(a > b for a, b in itertools.pairwise(lrs))
+    assert all(x > 0 for x in lrs)
+    assert all(a > b for a, b in itertools.pairwise(scales))
+    assert all(x > 0 for x in scales)
     for bad in (0, -3):
         with pytest.raises(ValueError, match="fields must be positive"):
             default_lr(bad)

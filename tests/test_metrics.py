@@ -73,7 +73,8 @@ def test_tail_shows_in_p99_not_p50() -> None:
     """99 fast calls and one slow one: P50 is fast; P99 (the 99th value) still fast; max
     shows the outlier. With 2 slow calls in 100, P99 is slow."""
     one_slow = _core.histogram_summary([1_000] * 99 + [5_000_000])
-    assert one_slow["p50_us"] < 1.2 and one_slow["p99_us"] < 1.2
+    assert one_slow["p50_us"] < 1.2
+    assert one_slow["p99_us"] < 1.2
     assert one_slow["max_us"] == pytest.approx(5000.0)
     two_slow = _core.histogram_summary([1_000] * 98 + [5_000_000] * 2)
     assert two_slow["p99_us"] > 4000
@@ -134,7 +135,8 @@ def test_reset_starts_a_new_window_for_every_open_table() -> None:
         _exercise(t, rounds=2)
     c.close()
     embstore.metrics.reset()
-    assert a.stats()["latency"] == {} and b.stats()["latency"] == {}
+    assert a.stats()["latency"] == {}
+    assert b.stats()["latency"] == {}
     assert a.stats()["inserts"] > 0  # counters are not latency: they stay
     _exercise(a, rounds=1)
     assert a.stats()["latency"]["lookup"]["count"] == 1
@@ -175,7 +177,8 @@ def test_counters_lock_waits_and_arena_bytes() -> None:
     contention (8 threads on one shard) and their time is positive when counted."""
     t = embstore.Table(dim=8, capacity=1000, num_shards=1, optimizer=embstore.SGD(lr=0.1))
     st0 = t.stats()
-    assert st0["arena_bytes_in_use"] == 0 and st0["lock_waits"] == 0
+    assert st0["arena_bytes_in_use"] == 0
+    assert st0["lock_waits"] == 0
     keys = np.arange(100, dtype=np.uint64)
     t.lookup(keys)
     st = t.stats()
@@ -203,7 +206,8 @@ def test_prometheus_text_parses_and_matches_stats() -> None:
     text = embstore.metrics.prometheus_text()
     families = {f.name: f for f in parser.text_string_to_metric_families(text)}
     inserts = {s.labels["table"]: s.value for s in families["embstore_inserts"].samples}
-    assert inserts['we"ird'] == 5 and inserts["user"] == 6
+    assert inserts['we"ird'] == 5
+    assert inserts["user"] == 6
     lat = [
         s
         for s in families["embstore_latency_seconds"].samples
@@ -236,7 +240,9 @@ def test_report_file_gets_lines_within_two_intervals(tmp_path: Path) -> None:
     assert {"name=lookup", "name=lookup_sum", "name=stage.gather"} <= names
     for ln in lines:
         stamp, layer, table, *rest = ln.split()
-        assert float(stamp) > 1e9 and layer == "layer=kv" and table == "table=clicks"
+        assert float(stamp) > 1e9
+        assert layer == "layer=kv"
+        assert table == "table=clicks"
         fields = dict(kv.split("=") for kv in rest)
         assert set(fields) == {"name", "count", "p50_us", "p95_us", "p99_us", "max_us"}
         assert int(fields["count"]) >= 1

@@ -57,7 +57,8 @@ def test_a_decrease_anywhere_raises_naming_its_first_position(
     keys = u64(np.arange(n) % 5)
     with pytest.raises(ValueError, match=rf"offsets\[{first - 1}\]") as err:
         group.lookup_sum({"t": (keys, bad)})
-    assert "non-decreasing" in str(err.value) and "'t'" in str(err.value)
+    assert "non-decreasing" in str(err.value)
+    assert "'t'" in str(err.value)
     with pytest.raises(ValueError, match="non-decreasing"):
         group.apply_gradients({"t": (keys, bad, np.ones((len(sizes), 3), np.float32))})
     assert len(group["t"]) == 0  # nothing was inserted

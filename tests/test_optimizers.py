@@ -565,8 +565,10 @@ def test_adam_step_count_is_per_row(rng: np.random.Generator) -> None:
     assert_rows_equal(t.lookup(u64([b])), ref.lookup(u64([b])))  # B inserted by a lookup
     _apply_both(t, ref, u64([a, b]), np.concatenate([g, g]))
     state_a, state_b = ref.row_state(a), ref.row_state(b)
-    assert state_a is not None and state_a.t == 3
-    assert state_b is not None and state_b.t == 1
+    assert state_a is not None
+    assert state_a.t == 3
+    assert state_b is not None
+    assert state_b.t == 1
     assert_same_state(t, ref, u64([a, b]))
     assert_rows_equal(_row(t, a), _adam_by_hand(w0[0], [g[0]] * 3, **kw))
     assert_rows_equal(_row(t, b), _adam_by_hand(w0[1], [g[0]], **kw))

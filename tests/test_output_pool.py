@@ -51,7 +51,7 @@ def test_live_results_never_share_memory() -> None:
     for b in batches:  # more calls of the same size, while the first results are alive
         t.lookup_sum(b, np.arange(b.shape[0] + 1))
         t.lookup(b)
-    for r, k in zip(results, kept):
+    for r, k in zip(results, kept, strict=True):
         np.testing.assert_array_equal(r, k)
     addresses = {r.ctypes.data for r in results}
     assert len(addresses) == len(results)
@@ -75,8 +75,11 @@ def test_result_is_an_ordinary_writable_array_that_outlives_its_table() -> None:
     keys = u64([1, 2, 3])
     out = t.lookup(keys)
     want = t.lookup(keys, insert=False).copy()
-    assert out.dtype == np.float32 and out.shape == (3, 5)
-    assert out.flags["C_CONTIGUOUS"] and out.flags["WRITEABLE"] and out.flags["ALIGNED"]
+    assert out.dtype == np.float32
+    assert out.shape == (3, 5)
+    assert out.flags["C_CONTIGUOUS"]
+    assert out.flags["WRITEABLE"]
+    assert out.flags["ALIGNED"]
     assert out.ctypes.data % 64 == 0
     t.close()
     del t

@@ -92,7 +92,8 @@ def test_lookup_and_per_id_apply_ignore_padding(rng: np.random.Generator) -> Non
     padded.apply_gradients(keys, g)
     twin.apply_gradients(u64([3, 7, 3]), g[[0, 2, 4]])
     assert_rows_equal(padded.lookup(UNIVERSE, insert=False), twin.lookup(UNIVERSE, insert=False))
-    assert len(padded) == 2 and not padded.contains(u64([PAD_BITS]))[0]
+    assert len(padded) == 2
+    assert not padded.contains(u64([PAD_BITS]))[0]
 
 
 def test_group_drops_padding_of_the_tables_that_have_it(rng: np.random.Generator) -> None:
@@ -113,7 +114,8 @@ def test_group_drops_padding_of_the_tables_that_have_it(rng: np.random.Generator
         group.apply_gradients({"p": (kp, offp, gp, wp), "q": (kq, offq, gq)})
         padded_twin.apply_gradients(rk, gp, offsets=roff, weights=rw)
         plain_twin.apply_gradients(kq, gq, offsets=offq)
-    assert plain.contains(u64([PAD_BITS]))[0] and not padded.contains(u64([PAD_BITS]))[0]
+    assert plain.contains(u64([PAD_BITS]))[0]
+    assert not padded.contains(u64([PAD_BITS]))[0]
     for t, twin in ((padded, padded_twin), (plain, plain_twin)):
         assert_rows_equal(t.lookup(UNIVERSE, insert=False), twin.lookup(UNIVERSE, insert=False))
 
@@ -129,7 +131,7 @@ def test_bad_offsets_with_padding_raise_and_change_nothing() -> None:
             padded.lookup_sum(keys, off)
         with pytest.raises(ValueError, match="offsets"):
             padded.apply_gradients(keys, np.ones((len(off) - 1, 3)), offsets=off)
-        with pytest.raises(ValueError, match="'p'.*offsets"):
+        with pytest.raises(ValueError, match=r"'p'.*offsets"):
             embstore.TableGroup({"p": padded}).lookup_sum({"p": (keys, np.array(off))})
     assert_unchanged(before, snapshot(padded, probe))
 
@@ -141,7 +143,8 @@ def test_padding_id_is_kept_by_save_load_pickle_and_import(tmp_path: Path) -> No
     for copy in (embstore.Table.load(tmp_path / "c"), pickle.loads(pickle.dumps(padded))):
         assert copy.padding_id == PAD == copy.spec.padding_id
         copy.lookup_sum(np.array([PAD, 5]), [0, 2])
-        assert len(copy) == 3 and not copy.contains(u64([PAD_BITS]))[0]
+        assert len(copy) == 3
+        assert not copy.contains(u64([PAD_BITS]))[0]
     with pytest.raises(ValueError, match="padding id"):
         padded.import_({"ids": u64([PAD_BITS]), "values": np.zeros((1, 3), np.float32)})
     assert len(padded) == 2

@@ -5,6 +5,7 @@ report, and the load client's smoke runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ pytest.importorskip("grpc", reason="grpcio absent (pip install 'embstore[ps]')")
 pytest.importorskip("grpc_tools", reason="grpcio-tools absent (pip install 'embstore[ps]')")
 
 import grpc
+from helpers import group_export
 
 import embstore
 from embstore import ps
@@ -55,14 +57,19 @@ def _close(group: embstore.TableGroup) -> None:
         table.close()
 
 
+@contextlib.contextmanager
+def _serving(group: embstore.TableGroup) -> Iterator[ps.Client]:
+    """A client of ``group`` served on a free local port; closes the client, then stops
+    the server."""
+    with ps.serve(group) as server, ps.Client(f"127.0.0.1:{server.port}", timeout=60) as c:
+        yield c
+
+
 @pytest.fixture
 def served() -> Iterator[tuple[embstore.TableGroup, ps.Client]]:
     group = _group()
-    server = ps.serve(group)
-    client = ps.Client(f"127.0.0.1:{server.port}", timeout=60)
-    yield group, client
-    client.close()
-    server.stop()
+    with _serving(group) as client:
+        yield group, client
     _close(group)
 
 
@@ -95,13 +102,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
-def _rows(group: embstore.TableGroup) -> dict[str, dict[str, np.ndarray]]:
-    out = {}
-    for name in group.names:
-        e = group[name].export()
-        order = np.argsort(e["ids"])
-        out[name] = {k: v[order] for k, v in e.items()}
-    return out
+_rows = group_export
 
 
 def _assert_same_rows(a: dict[str, Any], b: dict[str, Any]) -> None:
@@ -144,7 +145,8 @@ def test_rows_match_direct_calls_bit_for_bit(
 def test_stats_and_dims_describe_the_group(served: tuple[embstore.TableGroup, ps.Client]) -> None:
     group, client = served
     client.lookup_sum({"user": (np.arange(3, dtype=np.uint64), np.array([0, 3]))})
-    assert client.dims == DIMS and client.names == group.names
+    assert client.dims == DIMS
+    assert client.names == group.names
     stats = client.stats()
     assert list(stats) == group.names
     assert stats["user"]["size"] == group["user"].stats()["size"] == 3
@@ -198,7 +200,7 @@ def test_errors_match_tablegroup_and_change_nothing(
     direct = _group()
     direct.lookup_sum({n: (_K, _OFF) for n in DIMS})
     before = _rows(group)
-    with pytest.raises(Exception) as want:
+    with pytest.raises(Exception) as want:  # noqa: PT011  (whatever the group raises)
         getattr(direct, method)(arg, **kwargs)
     with pytest.raises(type(want.value)) as got:
         getattr(client, method)(arg, **kwargs)
@@ -400,7 +402,8 @@ def test_config_builds_the_group_and_names_bad_keys() -> None:
         spec["capacity"] = 64  # the example's size is for the load run
     group = group_from_config(config)
     assert group.names == [f"t{i}" for i in range(8)]
-    assert isinstance(group["t0"].optimizer, embstore.Adagrad) and group["t0"].dim == 32
+    assert isinstance(group["t0"].optimizer, embstore.Adagrad)
+    assert group["t0"].dim == 32
     with pytest.raises(ValueError, match=r"tables\['a'\]: unknown keys \['colour'\]"):
         group_from_config({"tables": {"a": {"dim": 2, "capacity": 8, "colour": 1}}})
     with pytest.raises(ValueError, match=r"optimizer.type must be one of"):
@@ -437,7 +440,8 @@ def test_load_client_smoke(tmp_path: Path) -> None:
     assert [r["streams"] for r in results["closed"]] == [1, 2]
     for row in results["closed"]:
         for op in ("Lookup", "PushGrad"):
-            assert row["ops"][op]["count"] > 0 and row["ops"][op]["errors"] == 0
+            assert row["ops"][op]["count"] > 0
+            assert row["ops"][op]["errors"] == 0
             assert row["inproc"][op]["count"] > 0
         assert row["empty_rpc"]["count"] > 0
         names = {(h["layer"], h["name"]) for h in row["layers"]}
@@ -447,7 +451,8 @@ def test_load_client_smoke(tmp_path: Path) -> None:
             ("trainer", "PushGrad.Total"),
             ("kv", "group.lookup_sum"),
         } <= names
-    assert results["open"] and results["open"][0]["ops"]["Step"]["count"] > 0
+    assert results["open"]
+    assert results["open"][0]["ops"]["Step"]["count"] > 0
 
 
 @pytest.fixture
@@ -523,7 +528,7 @@ def test_cpp_server_rows_match_direct_calls_bit_for_bit(cpp_server: str) -> None
         for name in rows:
             assert np.array_equal(_bits(got[name]), _bits(want[name]))
         for arg in ({"user": (_K, np.array([0, 4, 2]))}, {"nope": (_K, _OFF)}):
-            with pytest.raises(Exception) as expected:
+            with pytest.raises(Exception) as expected:  # noqa: PT011  (the group decides)
                 direct.lookup_sum(arg)
             with pytest.raises(type(expected.value)):
                 client.lookup_sum(arg)
@@ -533,11 +538,8 @@ def test_cpp_server_rows_match_direct_calls_bit_for_bit(cpp_server: str) -> None
 def twin() -> Iterator[tuple[ps.Client, embstore.TableGroup]]:
     """A served group and an identical in-process one, fed the same calls."""
     served, direct = _group(seed=5), _group(seed=5)
-    server = ps.serve(served)
-    client = ps.Client(f"127.0.0.1:{server.port}", timeout=60)
-    yield client, direct
-    client.close()
-    server.stop()
+    with _serving(served) as client:
+        yield client, direct
     _close(served)
     _close(direct)
 

@@ -87,11 +87,16 @@ def test_fail_stop_until_restore(cluster: None, tmp_path: Any, how: str) -> None
         else:
             os.kill(store.health()[1]["pid"], signal.SIGKILL)
         feats = batch(rng, weighted=False)
-        with pytest.raises(ShardLostError) as info:
+
+        def until_lost() -> None:
             for _ in range(50):  # SIGKILL: the death may be noticed a call later
                 store.lookup_sum(feats)
                 time.sleep(0.1)
-        assert info.value.shard == 1 and info.value.applied == "no"
+
+        with pytest.raises(ShardLostError) as info:
+            until_lost()
+        assert info.value.shard == 1
+        assert info.value.applied == "no"
         with pytest.raises(ShardLostError):  # refused until restore
             store.apply_gradients(grads_of(rng, feats, DIMS))
         assert not store.health()[1]["alive"]
@@ -111,7 +116,8 @@ def test_apply_to_a_dead_shard_is_not_known_applied(cluster: None) -> None:
         ray.kill(store._backend.actors[0], no_restart=True)
         with pytest.raises(ShardLostError) as info:
             store.apply_gradients(grads_of(rng, feats, DIMS))
-        assert info.value.shard == 0 and info.value.applied == "unknown"
+        assert info.value.shard == 0
+        assert info.value.applied == "unknown"
 
 
 @pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])
@@ -137,7 +143,9 @@ def test_restore_checkpoint_restarts_the_shard_from_its_checkpoint(
         else:
             os.kill(store.health()[0]["pid"], signal.SIGKILL)
         h = _wait_restarted(store, 0, 1)
-        assert h["last_checkpoint"] == 5 and h["lost_steps"] == 4 and h["restarts"] == 1
+        assert h["last_checkpoint"] == 5
+        assert h["lost_steps"] == 4
+        assert h["restarts"] == 1
         with pytest.raises(StaleStepError):  # the restarted shard lost the forward
             store.apply_gradients(grads_of(rng, feats, DIMS))
         after = ray.get(store._backend.actors[0].call.remote("export", "user"))[1]
@@ -155,7 +163,8 @@ def test_named_store_is_detached_and_attachable(cluster: None, tmp_path: Any) ->
         feats = batch(rng, weighted=False)
         first = store.lookup_sum(feats, exact=True)
         other = ShardedTableGroup.attach("ray-test-store")
-        assert other.names == ["user", "item"] and other.num_shards == 2
+        assert other.names == ["user", "item"]
+        assert other.num_shards == 2
         again = other.lookup_sum(feats, insert=False, exact=True)
         for n in feats:
             np.testing.assert_array_equal(first[n], again[n])
@@ -166,7 +175,7 @@ def test_named_store_is_detached_and_attachable(cluster: None, tmp_path: Any) ->
             np.testing.assert_array_equal(first[n], restored[n])
     finally:
         store.close()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="look up actor"):
         ray.get_actor("ray-test-store.shard0", namespace="embstore")
 
 
@@ -186,7 +195,8 @@ def test_restartable_store_survives_a_lost_apply(cluster: None, tmp_path: Any) -
         with pytest.raises((ShardLostError, StaleStepError)) as info:
             store.apply_gradients(grads_of(rng, feats, DIMS))
         if isinstance(info.value, ShardLostError):
-            assert info.value.shard == 1 and info.value.applied == "unknown"
+            assert info.value.shard == 1
+            assert info.value.applied == "unknown"
         out = store.lookup_sum(feats)  # not stopped: lookups go on (retried if needed)
         assert out["item"].shape == (feats["item"][1].shape[0] - 1, 3)
         assert _wait_restarted(store, 1, 1)["last_checkpoint"] == 1

@@ -250,7 +250,8 @@ def test_concurrent_writers_never_let_a_stale_row_through() -> None:
         worker.join()
     rows = t.lookup(keys, insert=False)
     steps = rows / (keys + 1).astype(np.float32)[:, None]
-    assert np.array_equal(steps, np.round(steps)) and np.all((steps >= 0) & (steps <= 300))
+    assert np.array_equal(steps, np.round(steps))
+    assert np.all((steps >= 0) & (steps <= 300))
     untouched = ~np.isin(keys, victims)
     assert np.all(steps[untouched] == 300)
     assert t.stats()["reused_rows"] > 0

@@ -64,7 +64,7 @@ def grads_of(
     out = {}
     for name, f in feats.items():
         g = rng.standard_normal((f[1].shape[0] - 1, dims[name])).astype(np.float32)
-        out[name] = (f[0], f[1], g) + tuple(f[2:])
+        out[name] = (f[0], f[1], g, *f[2:])
     return out
 
 
@@ -238,7 +238,7 @@ BAD_LOOKUPS: list[tuple[dict[str, Any], dict[str, Any]]] = [
 
 
 def _error(fn: Any) -> tuple[type[BaseException], str]:
-    with pytest.raises(Exception) as info:
+    with pytest.raises(Exception) as info:  # noqa: PT011  (compared with the group)
         fn()
     return info.type, str(info.value)
 
@@ -287,12 +287,13 @@ def test_set_step_evict_and_health() -> None:
             assert sorted(got[n]["ids"].tolist()) == sorted(want["ids"].tolist())
         assert_same_rows(store, group)
         health = store.health()
-        assert len(health) == 2 and all(h["alive"] for h in health)
+        assert len(health) == 2
+        assert all(h["alive"] for h in health)
         assert sum(h["rows"]["user"] for h in health) == len(group["user"])
 
 
 def test_constructor_errors_name_the_argument() -> None:
-    with pytest.raises(TypeError, match="tables\\['a'\\] must be an embstore.TableSpec"):
+    with pytest.raises(TypeError, match=r"tables\['a'\] must be an embstore.TableSpec"):
         ShardedTableGroup({"a": 3}, num_shards=2, backend="local")  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="num_shards must be positive"):
         ShardedTableGroup(specs(), num_shards=0, backend="local")

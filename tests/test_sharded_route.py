@@ -93,7 +93,9 @@ def test_split_reassembles_the_batch(
         np.testing.assert_array_equal(pos, want)  # this shard's ids, in request order
         np.testing.assert_array_equal(k, keys[want])
         np.testing.assert_array_equal(b, np.unique(bag_of[want]))
-        assert o[0] == 0 and o[-1] == k.shape[0] and b.shape[0] + 1 == o.shape[0]
+        assert o[0] == 0
+        assert o[-1] == k.shape[0]
+        assert b.shape[0] + 1 == o.shape[0]
         np.testing.assert_array_equal(np.repeat(b, np.diff(o)), bag_of[want])
         if weighted:
             np.testing.assert_array_equal(ws, w[want])

@@ -83,8 +83,9 @@ def test_levels_agree_bit_for_bit(dim: int, optimizer: OptSpec, shards: int, see
     )
     base, avx2 = (_run(level, cfg, seed, steps=6) for level in LEVELS)
     assert len(base) == len(avx2)
-    for a, b in zip(base, avx2):
-        assert a.dtype == b.dtype and a.shape == b.shape
+    for a, b in zip(base, avx2, strict=True):
+        assert a.dtype == b.dtype
+        assert a.shape == b.shape
         assert a.tobytes() == b.tobytes()  # bits: -0.0 and NaN payloads included
 
 

@@ -78,7 +78,8 @@ def test_spec_defaults_and_current_settings() -> None:
     named = embstore.Table(dim=2, capacity=8, name="mine")
     t.set_lr(0.5)
     assert t.spec.optimizer == embstore.Adagrad(lr=0.5)
-    assert t.spec.name is None and t.name.startswith("table")
+    assert t.spec.name is None
+    assert t.name.startswith("table")
     embstore.TableGroup({"users": t, "items": named})
     assert t.spec.name == "users" == t.name
     assert named.spec.name == "mine" == named.name
@@ -138,8 +139,10 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 @pytest.mark.parametrize(
     "path",
-    sorted([*(SRC / "_persist").glob("*.py"), SRC / "_internals.py", SRC / "spec.py"])
-    + [SRC / "metrics.py"],
+    [
+        *sorted([*(SRC / "_persist").glob("*.py"), SRC / "_internals.py", SRC / "spec.py"]),
+        SRC / "metrics.py",
+    ],
     ids=lambda p: p.name,
 )
 def test_persistence_and_internals_never_import_the_facade(path: pathlib.Path) -> None:

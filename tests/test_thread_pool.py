@@ -70,7 +70,7 @@ def test_spinning_and_sleeping_waits_give_the_same_bits() -> None:
     for spin_us, pause_s in ((DEFAULT_SPIN_US, 0.0), (DEFAULT_SPIN_US, 0.002), (50, 0.0)):
         got = _train(spin_us=spin_us, pause_s=pause_s)
         assert len(got) == len(never)
-        for a, b in zip(never, got):
+        for a, b in zip(never, got, strict=True):
             assert a.tobytes() == b.tobytes(), (spin_us, pause_s)
 
 

@@ -77,7 +77,8 @@ def test_module_holds_no_parameters_and_validates_arguments() -> None:
     group = make_group()
     module = EmbeddingBagCollection(group)
     assert list(module.parameters()) == []
-    assert "a: dim=4" in repr(module) and "features=['b']" in repr(module)
+    assert "a: dim=4" in repr(module)
+    assert "features=['b']" in repr(module)
     with pytest.raises(TypeError, match="TableGroup"):
         EmbeddingBagCollection({"a": group["a"]})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="mode"):
@@ -120,7 +121,8 @@ def test_outputs_share_memory_with_the_store_output(
     for name, tensor in out.items():
         array = produced[0][name]
         assert tensor.data_ptr() == array.ctypes.data
-        assert tensor.shape == array.shape and tensor.dtype == torch.float32
+        assert tensor.shape == array.shape
+        assert tensor.dtype == torch.float32
         assert np.shares_memory(tensor.detach().numpy(), array)
     assert (out["a"].grad_fn is not None) == training
 
@@ -327,7 +329,8 @@ def test_any_gradient_layout_is_applied_exactly(loss_of: GradMaker) -> None:
 def test_grad_array_converts_once_to_contiguous_float32() -> None:
     g = torch.arange(12.0, dtype=torch.float64).reshape(3, 4).t()
     arr = _grad_array(g)
-    assert arr.dtype == np.float32 and arr.flags.c_contiguous
+    assert arr.dtype == np.float32
+    assert arr.flags.c_contiguous
     np.testing.assert_array_equal(arr, g.numpy().astype(np.float32))
     dense = torch.ones(2, 3)
     assert np.shares_memory(_grad_array(dense), dense.numpy())  # no copy when already right
@@ -337,7 +340,7 @@ def test_non_finite_gradient_raises_and_applies_nothing() -> None:
     group = make_group()
     out = EmbeddingBagCollection(group)(features())
     before = snapshot(group)
-    with pytest.raises(ValueError, match="finite|NaN|Inf"):
+    with pytest.raises(ValueError, match=r"finite|NaN|Inf"):
         (out["a"].sum() * float("nan")).backward()
     assert snapshot(group) == before
 
@@ -440,5 +443,5 @@ def test_training_matches_torch_embedding_bag_with_sparse_adagrad(
         np.testing.assert_array_equal(
             bags[name].weight.detach().numpy()[~seen], group[name].initial_values(ids[~seen])
         )
-    for pa, pb in zip(dense_a.parameters(), dense_b.parameters()):
+    for pa, pb in zip(dense_a.parameters(), dense_b.parameters(), strict=True):
         torch.testing.assert_close(pa, pb, rtol=0, atol=1e-5)

@@ -14,27 +14,10 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="embstore.torch needs torch")
 
+from helpers import DuckKJT, bce_step, group_export
+
 import embstore
 from embstore.torch import EmbeddingBagCollection, EmbeddingBagConfig, KeyedTensor
-
-
-class KJT:
-    """A minimal KeyedJaggedTensor (TorchRec is not installed)."""
-
-    def __init__(self, keys: list[str], values: Any, lengths: Any) -> None:
-        self._keys, self._values, self._lengths = keys, values, lengths
-
-    def keys(self) -> list[str]:
-        return self._keys
-
-    def values(self) -> Any:
-        return self._values
-
-    def lengths(self) -> Any:
-        return self._lengths
-
-    def weights_or_none(self) -> None:
-        return None
 
 
 class Model(torch.nn.Module):
@@ -80,7 +63,7 @@ def batches(n: int, keyed: bool) -> list[tuple[Any, Any]]:
         if keyed:
             values = torch.from_numpy(np.concatenate([p[0] for p in parts.values()]))
             lengths = torch.from_numpy(np.concatenate([p[1] for p in parts.values()]))
-            feats: Any = KJT(list(parts), values, lengths)
+            feats: Any = DuckKJT(list(parts), values, lengths)
         else:
             feats = {
                 name: {"values": torch.from_numpy(keys), "lengths": torch.from_numpy(counts)}
@@ -93,23 +76,14 @@ def batches(n: int, keyed: bool) -> list[tuple[Any, Any]]:
 
 def run(model: Any, params: Any, data: list[Any]) -> list[float]:
     opt = torch.optim.Adam(params, lr=0.01)
-    losses = []
-    for feats, labels in data:
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(feats), labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return [bce_step(model, opt, feats, labels) for feats, labels in data]
 
 
 def tables(model: Model) -> dict[str, dict[str, bytes]]:
-    out = {}
-    for name, table in model.ebc.group.items():
-        data = table.export()
-        order = np.argsort(data["ids"])
-        out[name] = {k: v[order].tobytes() for k, v in data.items()}
-    return out
+    return {
+        name: {k: v.tobytes() for k, v in rows.items()}
+        for name, rows in group_export(model.ebc.group).items()
+    }
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["lengths_dict", "keyed_jagged"])
@@ -130,7 +104,8 @@ def test_compiled_fullgraph_trains_exactly_like_eager(keyed: bool) -> None:
     with torch.no_grad():
         compiled_fn(data[0][0])
     out = torch.compile(compiled.ebc, fullgraph=True, backend="aot_eager")(unseen)
-    assert out["user"].grad_fn is None and not out["user"].any()
+    assert out["user"].grad_fn is None
+    assert not out["user"].any()
     assert tables(compiled) == before
 
 

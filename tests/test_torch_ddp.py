@@ -88,7 +88,7 @@ def _sgd_mismatches(
     for run in runs:
         for mode, (keys, offsets, grads, *w) in _pushes(run, name):
             g = per_id_grads(len(keys), grads, offsets, w[0] if w else None, mode)
-            for key, gi in zip(keys.tolist(), g.astype(np.float64)):
+            for key, gi in zip(keys.tolist(), g.astype(np.float64), strict=True):
                 if key in wanted:
                     total[key] += gi
                     size[key] += np.abs(gi)

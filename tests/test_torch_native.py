@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch", reason="embstore.torch needs torch")
 
+from helpers import DuckKJT
 from reference import per_id_grads, pool
 
 import embstore
@@ -34,25 +35,6 @@ def configs(pad: int | None = None, opt: Any = None) -> list[EmbeddingBagConfig]
         ),
         EmbeddingBagConfig("users", 3, 1000, ["user"], optimizer=opt, initializer=U),
     ]  # fmt: skip
-
-
-class DuckKJT:
-    """The KeyedJaggedTensor interface, nothing more (TorchRec is not installed)."""
-
-    def __init__(self, keys: list[str], values: Any, lengths: Any, weights: Any = None) -> None:
-        self._keys, self._values, self._lengths, self._weights = keys, values, lengths, weights
-
-    def keys(self) -> list[str]:
-        return self._keys
-
-    def values(self) -> Any:
-        return self._values
-
-    def lengths(self) -> Any:
-        return self._lengths
-
-    def weights_or_none(self) -> Any:
-        return self._weights
 
 
 class OffsetsOnlyKJT:
@@ -93,8 +75,10 @@ def stored(table: embstore.Table, keys: Any) -> npt.NDArray[np.float32]:
 
 def test_from_configs_builds_tables_and_reports_configs_dims_and_repr() -> None:
     ebc = EmbeddingBagCollection.from_configs(configs(pad=-1))
-    assert isinstance(ebc.group, embstore.TableGroup) and ebc.group.names == ["items", "users"]
-    assert ebc.group["items"].dim == 4 and ebc.group["items"].capacity >= 1000
+    assert isinstance(ebc.group, embstore.TableGroup)
+    assert ebc.group.names == ["items", "users"]
+    assert ebc.group["items"].dim == 4
+    assert ebc.group["items"].capacity >= 1000
     assert [c.name for c in ebc.embedding_bag_configs()] == ["items", "users"]
     assert ebc.output_dims() == {"item": 4, "history": 4, "user": 3}
     assert ebc.output_dim == 11
@@ -187,7 +171,7 @@ def test_shared_table_and_mixed_pooling_match_the_reference_with_one_call_each_w
         keys.size, np.concatenate([g["item"], g["history"]]), offsets, None, "mean"
     )
     expect: dict[int, npt.NDArray[np.float32]] = {}
-    for k, gi in zip(keys.tolist(), grads):
+    for k, gi in zip(keys.tolist(), grads, strict=True):
         expect[k] = expect.get(k, np.zeros(4, np.float32)) + gi
     ids = sorted(expect)
     want_rows = table.initial_values(np.array(ids)) - np.stack([expect[i] for i in ids])
@@ -238,7 +222,9 @@ def test_padding_id_contributes_nothing_gets_no_row_and_no_update(seed: int, pad
     assert not table.contains(pad_key).any()
     expect: dict[int, npt.NDArray[np.float32]] = {}
     for keys, offsets, g in grads.values():
-        for k, gi in zip(keys.tolist(), per_id_grads(keys.size, g, offsets, None, "mean")):
+        for k, gi in zip(
+            keys.tolist(), per_id_grads(keys.size, g, offsets, None, "mean"), strict=True
+        ):
             expect[k] = expect.get(k, np.zeros(4, np.float32)) + gi
     if expect:
         ids = sorted(expect)
@@ -278,8 +264,10 @@ def test_every_input_form_gives_the_same_pooled_rows(rng: np.random.Generator) -
     lens = torch.from_numpy(np.concatenate([np.diff(v[1]) for v in (item, history, user)]))
     kt = ebc(DuckKJT(["item", "history", "user"], values, lens, torch.from_numpy(kjt_w)))
     assert isinstance(kt, KeyedTensor)
-    assert kt.keys() == ["item", "history", "user"] and kt.length_per_key() == [4, 4, 3]
-    assert kt.offset_per_key() == [0, 4, 8, 11] and tuple(kt.values().shape) == (4, 11)
+    assert kt.keys() == ["item", "history", "user"]
+    assert kt.length_per_key() == [4, 4, 3]
+    assert kt.offset_per_key() == [0, 4, 8, 11]
+    assert tuple(kt.values().shape) == (4, 11)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
     unweighted = ebc(
         OffsetsOnlyKJT(["item", "history"], values[: len(values) - user[0].size], offsets[:9])
@@ -395,7 +383,9 @@ class NumpyStore:
 
     def apply_gradients(self, grads: Any, *, mode: str = "sum") -> None:
         for name, (keys, offsets, g, *w) in grads.items():
-            for k, gi in zip(keys, per_id_grads(len(keys), g, offsets, *(w or [None]), mode)):
+            for k, gi in zip(
+                keys, per_id_grads(len(keys), g, offsets, *(w or [None]), mode), strict=True
+            ):
                 self.rows[name][int(k)] = self._row(name, int(k), True) - self.lr * gi
 
 
@@ -403,7 +393,8 @@ def test_a_module_over_a_picklable_store_deep_copies_into_an_independent_one() -
     cfg = [EmbeddingBagConfig("t", 2, 100, ["f", "g"], pooling="mean", padding_id=0)]
     ebc = EmbeddingBagCollection.from_configs(cfg, backend=NumpyStore({"t": 2}))
     twin = copy.deepcopy(ebc)
-    assert twin.group is not ebc.group and twin._binding.handle != ebc._binding.handle
+    assert twin.group is not ebc.group
+    assert twin._binding.handle != ebc._binding.handle
     feats = {"f": ([1, 2, 0], [0, 2, 3]), "g": ([2], [0, 1])}
     out = twin(feats)
     (out["f"].sum() + 2 * out["g"].sum()).backward()
@@ -441,7 +432,8 @@ def test_a_variable_stride_keyed_jagged_tensor_splits_by_stride_per_key() -> Non
     kjt = VariableStrideKJT(["item", "user"], values, torch.tensor([2, 0, 1, 2, 1]), [2, 3])
     EmbeddingBagCollection.train(ebc)(kjt)  # insert the rows
     out = ebc(kjt).to_dict()
-    assert tuple(out["item"].shape) == (2, 4) and tuple(out["user"].shape) == (3, 3)
+    assert tuple(out["item"].shape) == (2, 4)
+    assert tuple(out["user"].shape) == (3, 3)
     want = ebc({"item": ([1, 2], [0, 2, 2]), "user": ([3, 4, 5, 6], [0, 1, 3, 4])})
     for name in ("item", "user"):
         torch.testing.assert_close(out[name], want[name], rtol=0, atol=0)

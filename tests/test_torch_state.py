@@ -11,6 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="embstore.torch needs torch")
 
+from helpers import bce_step, group_export
+
 import embstore
 from embstore.torch import EmbeddingBagCollection, EmbeddingBagConfig
 
@@ -60,25 +62,12 @@ def train(model: Model, data: list[Any], first_step: int) -> list[float]:
     losses = []
     for k, (feats, labels) in enumerate(data):
         model.ebc.group.set_step(first_step + k)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(feats), labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+        losses.append(bce_step(model, opt, feats, labels))
     return losses
 
 
-def exported(model: Model) -> dict[str, dict[str, Any]]:
-    out = {}
-    for name, table in model.ebc.group.items():
-        data = table.export()
-        order = np.argsort(data["ids"])
-        out[name] = {k: v[order] for k, v in data.items()}
-    return out
-
-
 def assert_same_tables(a: Model, b: Model) -> None:
-    ea, eb = exported(a), exported(b)
+    ea, eb = group_export(a.ebc.group), group_export(b.ebc.group)
     for name in ea:
         assert sorted(ea[name]) == sorted(eb[name])
         for key in ea[name]:
@@ -94,13 +83,16 @@ def test_state_dict_holds_every_table_as_tensors_and_no_parameters() -> None:
     items = sorted(k for k in sd if k.startswith("ebc.tables.items."))
     assert items == sorted(
         f"ebc.tables.items.{s}"
-        for s in ("ids", "values", "optimizer.m", "optimizer.v", "optimizer.step")
-        + ("last_step", "step", "lr")
+        for s in (
+            *("ids", "values", "optimizer.m", "optimizer.v", "optimizer.step"),
+            *("last_step", "step", "lr"),
+        )
     )
     assert "ebc.tables.users.optimizer.accumulator" in sd
     assert all(isinstance(v, torch.Tensor) for v in sd.values())
     n = len(model.ebc.group["items"])
-    assert n > 0 and tuple(sd["ebc.tables.items.values"].shape) == (n, 4)
+    assert n > 0
+    assert tuple(sd["ebc.tables.items.values"].shape) == (n, 4)
     assert sd["ebc.tables.items.ids"].dtype == torch.int64
     assert sd["ebc.tables.items.optimizer.step"].dtype == torch.int64
     assert int(sd["ebc.tables.items.optimizer.step"].max()) >= 1
@@ -117,7 +109,8 @@ def test_checkpoint_then_load_into_a_fresh_model_continues_bit_for_bit() -> None
     buffer.seek(0)
     restored = Model()
     result = restored.load_state_dict(torch.load(buffer))
-    assert result.missing_keys == [] and result.unexpected_keys == []
+    assert result.missing_keys == []
+    assert result.unexpected_keys == []
     assert_same_tables(original, restored)
     assert restored.ebc.group["users"].optimizer.lr == 0.03
     assert train(original, data[5:], 5) == train(restored, data[5:], 5)
@@ -140,7 +133,8 @@ def test_missing_and_unexpected_table_keys_follow_torch_strictness() -> None:
     sd["ebc.tables.items.extra"] = torch.zeros(1)
     with pytest.raises(RuntimeError, match="Missing key") as info:
         target.load_state_dict(sd)
-    assert "ebc.tables.users.ids" in str(info.value) and "ebc.tables.ghost.ids" in str(info.value)
+    assert "ebc.tables.users.ids" in str(info.value)
+    assert "ebc.tables.ghost.ids" in str(info.value)
     result = Model().load_state_dict(sd, strict=False)
     assert "ebc.tables.users.values" in result.missing_keys
     assert sorted(result.unexpected_keys) == ["ebc.tables.ghost.ids", "ebc.tables.items.extra"]
@@ -157,7 +151,7 @@ def test_a_table_that_does_not_fit_raises_and_is_left_unchanged() -> None:
     before = target.ebc.group["users"].export()
     sd = source.state_dict()
     del sd["dense.weight"]  # another shape: torch's own check is not what is tested
-    with pytest.raises(RuntimeError, match="size mismatch for ebc.tables.users.values"):
+    with pytest.raises(RuntimeError, match=r"size mismatch for ebc.tables.users.values"):
         target.load_state_dict(sd, strict=False)
     after = target.ebc.group["users"].export()
     for key in before:

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import re
 import shutil
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +34,7 @@ from embstore._persist import chain as _chain
 from embstore._persist import header as _header
 from embstore._persist import load as _load
 from embstore._persist import read as _read
+from embstore._persist.manifest import seal, unseal
 from embstore.checkpoint import CheckpointError, CheckpointReader, read_header, write_atomic
 from embstore.spec import TableSpec
 from embstore.table import Table
@@ -109,20 +108,14 @@ class Source:
 
 
 def _write_json_manifest(path: str, body: dict[str, Any]) -> None:
-    text = json.dumps(body, sort_keys=True)
-    manifest = {"body": body, "crc32": zlib.crc32(text.encode()) & 0xFFFFFFFF}
-    write_atomic(path, json.dumps(manifest).encode())
+    write_atomic(path, seal(body))
 
 
 def _read_json_manifest(path: str) -> dict[str, Any]:
     with open(path, "rb") as f:
         raw = f.read()
     try:
-        manifest = json.loads(raw.decode())
-        body = manifest["body"]
-        text = json.dumps(body, sort_keys=True)
-        if zlib.crc32(text.encode()) & 0xFFFFFFFF != manifest["crc32"]:
-            raise ValueError("checksum")
+        body = unseal(raw)
         if not isinstance(body, dict):
             raise TypeError("body")
         return body
@@ -316,7 +309,7 @@ def _load_filtered(
                     raise readers[0].error(f"table {name!r} differs from the other shards'")
                 tracking = tracking or cfg.step_tracking
                 step = max(step, cfg.step)
-                for r, mask in zip(readers, masks):
+                for r, mask in zip(readers, masks, strict=True):
                     _import_routed(table, r, cfg.row_width, shard, n, mask)
             finally:
                 for r in readers:

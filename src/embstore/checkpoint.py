@@ -29,6 +29,7 @@ file. Nothing is returned from a file that fails any check.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -249,10 +250,8 @@ class CheckpointWriter:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self._tmp)
-        except FileNotFoundError:
-            pass
 
 
 def fsync_directory(directory: str) -> None:
@@ -282,10 +281,8 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         _test_pause("small-replace")
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     fsync_directory(directory)
 

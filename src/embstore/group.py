@@ -243,7 +243,7 @@ class TableGroup(Mapping[str, Table]):
         outs = _core.group_lookup_sum(impls, batches, code, bool(insert), names)
         if insert:  # only inserts evict
             self._deliver_evicted(names)
-        return dict(zip(names, outs))
+        return dict(zip(names, outs, strict=True))
 
     def apply_gradients(self, grads: Mapping[str, tuple[Any, ...]], *, mode: str = "sum") -> None:
         """Apply the backward of :meth:`lookup_sum` to several tables in one call.

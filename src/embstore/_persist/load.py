@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +15,7 @@ from embstore import _core
 from embstore._internals import TableInternals
 from embstore._persist.chain import open_chain, select
 from embstore._persist.header import SavedTable
-from embstore._persist.manifest import GROUP_FORMAT, MANIFEST
+from embstore._persist.manifest import GROUP_FORMAT, MANIFEST, unseal
 from embstore._persist.read import RowGroup, prefetch_groups
 from embstore.checkpoint import FORMAT_VERSION, CheckpointError, CheckpointReader
 
@@ -172,12 +170,9 @@ def _read_manifest(directory: str) -> tuple[str, list[str], dict[str, Any]]:
     with open(mpath, "rb") as f:
         raw = f.read()
     try:
-        manifest = json.loads(raw.decode())
-        body = manifest["body"]
-        text = json.dumps(body, sort_keys=True)
-        ok = zlib.crc32(text.encode()) & 0xFFFFFFFF == manifest["crc32"]
-        if not ok or body.get("format") != GROUP_FORMAT:
-            raise ValueError("checksum")
+        body = unseal(raw)
+        if body.get("format") != GROUP_FORMAT:
+            raise ValueError("format")
         if body.get("version") != FORMAT_VERSION:
             msg = f"{mpath}: unsupported group format version {body.get('version')}"
             raise CheckpointError(msg)

@@ -3,12 +3,11 @@ group saves (one file per table, then the manifest)."""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import queue
 import threading
 import time
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +16,7 @@ from embstore._internals import TableInternals
 from embstore._persist import buffers
 from embstore._persist.buffers import MODE_DELTA, MODE_FULL, Buffers
 from embstore._persist.header import header
-from embstore._persist.manifest import FILE_RE, GROUP_FORMAT, MANIFEST, TMP_RE
+from embstore._persist.manifest import FILE_RE, GROUP_FORMAT, MANIFEST, TMP_RE, seal
 from embstore.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
@@ -162,18 +161,14 @@ def _write_manifest(directory: str, entries: dict[str, Any], names: list[str]) -
         "tables": entries,
         "order": names,
     }
-    text = json.dumps(body, sort_keys=True)
-    manifest = {"body": body, "crc32": zlib.crc32(text.encode()) & 0xFFFFFFFF}
-    write_atomic(os.path.join(directory, MANIFEST), json.dumps(manifest).encode())
+    write_atomic(os.path.join(directory, MANIFEST), seal(body))
 
 
 def _remove_stale_files(directory: str, keep_files: set[str]) -> None:
     for fname in os.listdir(directory):
         if (FILE_RE.match(fname) and fname not in keep_files) or TMP_RE.match(fname):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, fname))
-            except OSError:
-                pass
 
 
 def save_group(tables: Mapping[str, TableInternals], directory: str | os.PathLike[str]) -> None:
@@ -191,14 +186,14 @@ def save_group(tables: Mapping[str, TableInternals], directory: str | os.PathLik
             snaps.append(_core.begin_snapshot(impl, MODE_FULL))
         entries: dict[str, Any] = {}
         ids: list[str] = []
-        for k, (name, t, snap) in enumerate(zip(names, internals, snaps)):
+        for k, (name, t, snap) in enumerate(zip(names, internals, snaps, strict=True)):
             ckpt_id = new_checkpoint_id()
             fname = f"t{k:03d}-{ckpt_id[:12]}.ckpt"
             write_snapshot(t, snap, os.path.join(directory, fname), "full", ckpt_id, None)
             entries[name] = {"file": fname, "checkpoint_id": ckpt_id}
             ids.append(ckpt_id)
         _write_manifest(directory, entries, names)
-        for t, snap, ckpt_id in zip(internals, snaps, ids):
+        for t, snap, ckpt_id in zip(internals, snaps, ids, strict=True):
             with t.checkpoint_lock:
                 snap.commit()
                 t.checkpoint_id = ckpt_id

@@ -174,7 +174,9 @@ def _load(args: argparse.Namespace) -> tuple[CTRData, CTRData, str, float | None
 def _capacities(train: CTRData) -> dict[str, int]:
     """Rows per table: every training id fits, so nothing is evicted (the evaluation is
     read-only and inserts nothing)."""
-    return {name: n + n // 8 + 64 for name, n in zip(train.fields, train.distinct_ids())}
+    return {
+        name: n + n // 8 + 64 for name, n in zip(train.fields, train.distinct_ids(), strict=True)
+    }
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:

@@ -176,7 +176,7 @@ def read_libfm(path: str | Path, num_fields: int | None = None) -> CTRData:
         values_fn[:] = vals
         present[:] = True
     else:
-        for i, (r, v) in enumerate(zip(rows, vals)):
+        for i, (r, v) in enumerate(zip(rows, vals, strict=True)):
             ids_fn[i, : len(r)] = r
             values_fn[i, : len(v)] = v
             present[i, : len(r)] = True

@@ -54,14 +54,7 @@ def encode_lookup(
         entry = _arrays.named_entry(name, feature, dim, "features", _arrays.lookup_entry)
         k, off = entry[0], entry[1]
         w = entry[2] if len(entry) == 3 else None
-        batches.append(
-            batch_type(
-                table=name,
-                keys=_le(k, "keys"),
-                offsets=_le(off, "offsets"),
-                weights=b"" if w is None else _le(w, "weights"),
-            )
-        )
+        batches.append(_table_batch(batch_type, name, k, off, w))
         bags.append(max(int(off.shape[0]) - 1, 0))
     return batches, bags
 
@@ -77,13 +70,16 @@ def encode_grads(
         entry = _arrays.named_entry(name, given, dim, "grads", _arrays.apply_entry)
         k, off, g = entry[0], entry[1], entry[2]
         w = entry[3] if len(entry) == 4 else None
-        batches.append(
-            batch_type(
-                table=name,
-                keys=_le(k, "keys"),
-                offsets=_le(off, "offsets"),
-                weights=b"" if w is None else _le(w, "weights"),
-                grads=_le(g, "grads"),
-            )
-        )
+        batches.append(_table_batch(batch_type, name, k, off, w, grads=_le(g, "grads")))
     return batches
+
+
+def _table_batch(batch_type: Any, name: str, k: Any, off: Any, w: Any, **more: bytes) -> Any:
+    """One TableBatch message: a checked entry's arrays as little-endian bytes."""
+    return batch_type(
+        table=name,
+        keys=_le(k, "keys"),
+        offsets=_le(off, "offsets"),
+        weights=b"" if w is None else _le(w, "weights"),
+        **more,
+    )

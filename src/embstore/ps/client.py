@@ -176,7 +176,7 @@ class Client:
                 reply = self._call("Lookup", request)
             with t.decode:
                 out = {}
-                for tb, n, raw, dim in zip(batches, bags, reply.pooled, reply.dims):
+                for tb, n, raw, dim in zip(batches, bags, reply.pooled, reply.dims, strict=True):
                     out[tb.table] = np.frombuffer(raw, dtype="<f4").reshape(n, dim)
                 return out
 

@@ -100,12 +100,17 @@ class _Service:
             raise ValueError(msg)
         return _codec.MODES[code]
 
-    def lookup(self, request: Any) -> Any:
-        t = self.lookup_timers
+    def _arrived(
+        self, t: _Timers, request: Any, *, with_grads: bool
+    ) -> tuple[dict[str, tuple[Any, ...]], str]:
+        """A request's entries and mode, decoded and checked, timed by ``t``."""
         t.arrived(request.client_send_ns)
         with t.decode:
-            features = self._decode(request, with_grads=False)
-            mode = self._mode(request.mode)
+            return self._decode(request, with_grads=with_grads), self._mode(request.mode)
+
+    def lookup(self, request: Any) -> Any:
+        t = self.lookup_timers
+        features, mode = self._arrived(t, request, with_grads=False)
         with t.handle:
             pooled = self.group.lookup_sum(features, mode=mode, insert=request.insert)
         with t.encode:
@@ -116,10 +121,7 @@ class _Service:
 
     def push(self, request: Any) -> Any:
         t = self.push_timers
-        t.arrived(request.client_send_ns)
-        with t.decode:
-            grads = self._decode(request, with_grads=True)
-            mode = self._mode(request.mode)
+        grads, mode = self._arrived(t, request, with_grads=True)
         with t.handle:
             self.group.apply_gradients(grads, mode=mode)
         return messages["PushGradResponse"]()

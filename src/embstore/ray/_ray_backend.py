@@ -10,6 +10,7 @@ its part of the last committed checkpoint; the client retries lookups on it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -236,8 +237,6 @@ class RayBackend:
 
     def close(self) -> None:
         for actor in self.actors:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001,S110  (already gone)
-                pass
         self.actors = []

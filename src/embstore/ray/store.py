@@ -12,7 +12,7 @@ import itertools
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -240,6 +240,18 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         return out
 
     # -- training -------------------------------------------------------------------------
+    def _checked(
+        self, entries: Mapping[str, Any], arg: str, convert: Callable[[Any, int], tuple[Any, ...]]
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """The names of ``entries`` and each entry checked (errors name the table) with
+        ``convert``, keys as uint64; as TableGroup checks them."""
+        names = _arrays.entry_names(entries, arg)
+        checked = [
+            _uint64_keys(_arrays.named_entry(n, entries[n], self._dim(n), arg, convert))
+            for n in names
+        ]
+        return names, checked
+
     def lookup_sum(
         self,
         features: Mapping[str, tuple[Any, ...]],
@@ -253,13 +265,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         shards' partial sums are added in another order); ``exact=True`` returns them bit for
         bit (shards send each id's row; the client pools them in order)."""
         code = _arrays.mode_code(mode)
-        names = _arrays.entry_names(features, "features")
-        checked = [
-            _uint64_keys(
-                _arrays.named_entry(n, features[n], self._dim(n), "features", _arrays.lookup_entry)
-            )
-            for n in names
-        ]
+        names, checked = self._checked(features, "features", _arrays.lookup_entry)
         self._usable()
         t0 = time.perf_counter_ns()
         batches = [(c[0], c[1], c[2] if len(c) == 3 else None, None) for c in checked]
@@ -268,13 +274,13 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         t1 = time.perf_counter_ns()
         futures = []
         for shard in range(self._num_shards):
-            batch = {n: p.part(shard) for n, p in zip(names, plans)}
+            batch = {n: p.part(shard) for n, p in zip(names, plans, strict=True)}
             call = self._backend.submit(shard, "lookup", token, batch, bool(insert), bool(exact))
             futures.append((shard, call))
         answers = self._results(futures, "no")
         t2 = time.perf_counter_ns()
         outs: dict[str, npt.NDArray[np.float32]] = {}
-        for name, plan, c in zip(names, plans, checked):
+        for name, plan, c in zip(names, plans, checked, strict=True):
             outs[name] = self._reduce(name, plan, c, answers, code == 1, exact)
             if insert:
                 self._forwards[name] = _Forward(token, c, code, plan)
@@ -323,13 +329,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         calls on this store still see the update: each shard runs calls in order).
         """
         code = _arrays.mode_code(mode)
-        names = _arrays.entry_names(grads, "grads")
-        checked = [
-            _uint64_keys(
-                _arrays.named_entry(n, grads[n], self._dim(n), "grads", _arrays.apply_entry)
-            )
-            for n in names
-        ]
+        names, checked = self._checked(grads, "grads", _arrays.apply_entry)
         batches = [(c[0], c[1], c[3] if len(c) == 4 else None, c[2]) for c in checked]
         t0 = time.perf_counter_ns()
         _pool.route(names, batches, self._num_shards, mean=code == 1, split=False)
@@ -337,7 +337,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._usable()
         token: int | None = None
         reroute: list[int] = []
-        for k, (name, c) in enumerate(zip(names, checked)):
+        for k, (name, c) in enumerate(zip(names, checked, strict=True)):
             fwd = self._forwards.get(name)
             w = c[3] if len(c) == 4 else None
             if (
@@ -356,12 +356,12 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
                 self._num_shards,
                 mean=code == 1,
             )
-            plans = {names[k]: p for k, p in zip(reroute, sub)}
+            plans = {names[k]: p for k, p in zip(reroute, sub, strict=True)}
         for name in names:
             fwd = self._forwards.get(name)
             if fwd is not None and (token is None or fwd.token == token):
                 del self._forwards[name]
-        full = self._backend.put({n: c[2] for n, c in zip(names, checked)})
+        full = self._backend.put({n: c[2] for n, c in zip(names, checked, strict=True)})
         futures = []
         for shard in range(self._num_shards):
             routed = {n: p.part(shard) for n, p in plans.items()}

@@ -53,7 +53,7 @@ class KeyedTensor:
 
     def to_dict(self) -> dict[str, torch.Tensor]:
         """``{feature: float32 [batch, dim]}``."""
-        return dict(zip(self._keys, self._tensors))
+        return dict(zip(self._keys, self._tensors, strict=True))
 
     def __getitem__(self, key: str) -> torch.Tensor:
         try:

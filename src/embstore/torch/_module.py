@@ -140,7 +140,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         """``{feature: width of its pooled output}``."""
         return {
             f: self._binding.tables[t].dim
-            for f, t in zip(self._binding.features, self._binding.feature_table)
+            for f, t in zip(self._binding.features, self._binding.feature_table, strict=True)
         }
 
     @property
@@ -181,7 +181,7 @@ class EmbeddingBagCollection(torch.nn.Module):
             training,
             self._anchor if training else self._no_anchor,
         )
-        per_table = dict(zip(self._binding.tables_of(batch.features), outs))
+        per_table = dict(zip(self._binding.tables_of(batch.features), outs, strict=True))
         readers: dict[int, int] = {}
         for f in batch.features:
             t = self._binding.feature_table[f]
@@ -189,7 +189,7 @@ class EmbeddingBagCollection(torch.nn.Module):
         pooled: list[torch.Tensor] = []
         start: dict[int, Any] = {}
         sizes = feature_bags(batch.counts, batch.lens, batch.is_lengths, batch.bags)
-        for f, n in zip(batch.features, sizes):
+        for f, n in zip(batch.features, sizes, strict=True):
             t = self._binding.feature_table[f]
             if readers[t] == 1:
                 pooled.append(per_table[t])
@@ -199,7 +199,7 @@ class EmbeddingBagCollection(torch.nn.Module):
                 start[t] = at + n
         if batch.keyed:
             return KeyedTensor(batch.names, pooled)
-        return dict(zip(batch.names, pooled))
+        return dict(zip(batch.names, pooled, strict=True))
 
     # -- state_dict: the tables' rows and optimizer state ---------------------------------
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:

@@ -62,7 +62,7 @@ def _lookup_sum_fake(
 ) -> tuple[list[Tensor], Tensor]:
     binding = Binding.of(handle)
     rows: dict[int, Any] = {}
-    for f, n in zip(features, feature_bags(counts, lens, is_lengths, bags)):
+    for f, n in zip(features, feature_bags(counts, lens, is_lengths, bags), strict=True):
         t = binding.feature_table[f]
         rows[t] = rows.get(t, 0) + n
     outs = [anchor.new_empty((n, binding.tables[t].dim)) for t, n in rows.items()]
@@ -148,7 +148,7 @@ def _backward(ctx: Any, grads: list[Tensor | None], _ticket: Any) -> tuple[Any, 
         ticket,
     )
     # one None per input leaf (list inputs get a list), the anchor's gradient last
-    return tuple(None if n is None else [None] * n for n in ctx.shapes) + (anchor_grad,)
+    return (*(None if n is None else [None] * n for n in ctx.shapes), anchor_grad)
 
 
 lookup_sum.register_autograd(_backward, setup_context=_setup_context)

@@ -99,7 +99,7 @@ def feature_bags(
     ``bags[f] >= 0`` is given; ``-1`` splits the segment's bags evenly over its features."""
     out: list[Any] = []
     f = 0
-    for count, length, flag in zip(counts, lens, is_lengths):
+    for count, length, flag in zip(counts, lens, is_lengths, strict=True):
         total = length.shape[0] - (0 if flag else 1)
         for _ in range(count):
             out.append(bags[f] if bags[f] >= 0 else total // count)
@@ -121,7 +121,7 @@ def _segment_bags(
     An error names the feature(s) of its segment."""
     out: list[_Bag] = []
     f = 0
-    for count, v, length, flag, w in zip(counts, values, lens, is_lengths, weights):
+    for count, v, length, flag, w in zip(counts, values, lens, is_lengths, weights, strict=True):
         mine = features[f : f + count]
         # a lone CSR feature of a table without padding goes as given: the store checks it
         as_given = count == 1 and bags[f] < 0 and not flag
@@ -194,7 +194,7 @@ def _pack(spec: _TableSpec, pieces: list[_Bag]) -> _Bag:
         if any(p[2] is not None for p in pieces):
             ones = [np.ones(p[0].shape[0], np.float32) for p in pieces]
             weights = np.concatenate(
-                [p[2] if p[2] is not None else o for p, o in zip(pieces, ones)]
+                [p[2] if p[2] is not None else o for p, o in zip(pieces, ones, strict=True)]
             )
     if spec.padding is not None:
         keep = keys != np.uint64(spec.padding)
@@ -211,7 +211,7 @@ def _packed(
 ) -> list[tuple[_TableSpec, _Bag]]:
     """Per table read by ``features`` (first-appearance order): its packed batch."""
     pieces: dict[int, list[_Bag]] = {}
-    for f, bag in zip(features, per_feature):
+    for f, bag in zip(features, per_feature, strict=True):
         pieces.setdefault(binding.feature_table[f], []).append(bag)
     return [(binding.tables[t], _pack(binding.tables[t], p)) for t, p in pieces.items()]
 
@@ -284,7 +284,7 @@ def lookup_packed(batch: Packed, insert: bool) -> list[Tensor]:
 def apply_packed(batch: Packed, grads: Sequence[Tensor | None]) -> None:
     """The backward of :func:`lookup_packed`: every table's gradient in one store call."""
     entries: dict[str, tuple[Any, ...]] = {}
-    for (spec, (keys, offsets, w)), grad in zip(batch.tables, grads):
+    for (spec, (keys, offsets, w)), grad in zip(batch.tables, grads, strict=True):
         if grad is None:  # no loss depends on this output: no update at all
             continue
         g = grad_array(grad)
