@@ -88,7 +88,10 @@ void test_pause(const std::string& point) {
   const char* want = std::getenv("EMBSTORE_CHECKPOINT_TEST_PAUSE");
   if (want == nullptr || point != want) return;
   if (const char* marker = std::getenv("EMBSTORE_CHECKPOINT_TEST_MARKER")) {
-    std::ofstream(marker) << point;
+    // written whole, then renamed: a test that sees the marker also sees its contents
+    const std::string tmp = std::string(marker) + ".tmp";
+    std::ofstream(tmp) << point;
+    std::rename(tmp.c_str(), marker);
   }
   std::this_thread::sleep_for(std::chrono::hours(1));
 }
