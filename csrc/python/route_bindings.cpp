@@ -91,6 +91,96 @@ std::vector<embstore::RouteRequest> requests_of(const py::list& batches,
   return requests;
 }
 
+// Validates every batch as a group call would (the first error, in order), then splits each
+// by route. Returns per batch (order, keys, weights | None, coef | None, key_start, bags,
+// bag_start, offsets): see embstore::RoutePlan. The list holds the arrays alive meanwhile.
+py::object route_batches(const py::list& batches, const std::vector<std::string>& labels,
+                         uint32_t num_routes, uint64_t salt, bool mean, bool split) {
+  if (num_routes == 0) throw py::value_error("num_routes must be positive");
+  const py::list held = batches;  // a reference: its tuples outlive the released GIL
+  const std::vector<embstore::RouteRequest> requests = requests_of(held, labels);
+  const size_t R = requests.size();
+  std::vector<size_t> first(R + 1, 0);  // each request's slice of the route scratch
+  for (size_t k = 0; k < R; ++k) first[k + 1] = first[k] + requests[k].n;
+  thread_local std::vector<uint32_t> route;  // reused: no page faults per batch
+  if (split && route.size() < first[R]) route.resize(first[R]);
+  std::vector<embstore::RouteCounts> counts;
+  {
+    py::gil_scoped_release release;
+    embstore::validate_route_requests(requests);
+    if (split) {
+      counts.reserve(R);
+      for (size_t k = 0; k < R; ++k) {
+        counts.push_back(
+            embstore::count_routes(requests[k], num_routes, salt, route.data() + first[k]));
+      }
+    }
+  }
+  if (!split) return py::none();
+  py::list out;
+  std::vector<embstore::RouteOutput> outputs(R);
+  for (size_t k = 0; k < R; ++k) {
+    const embstore::RouteCounts& c = counts[k];
+    const bool weighted = !held[k].cast<py::tuple>()[2].is_none();
+    auto order = pooled_array<int64_t>(c.num_keys());
+    auto keys = pooled_array<uint64_t>(c.num_keys());
+    auto bags = pooled_array<int64_t>(c.num_bags());
+    auto offsets = pooled_array<int64_t>(c.num_offsets());
+    py::object weights = py::none(), coef = py::none();
+    embstore::RouteOutput& o = outputs[k];
+    o = {order.mutable_data(), keys.mutable_data(),   nullptr, nullptr,
+         bags.mutable_data(),  offsets.mutable_data()};
+    if (weighted) {
+      auto w = pooled_array<float>(c.num_keys());
+      o.weights = w.mutable_data();
+      weights = std::move(w);
+    }
+    if (mean) {
+      auto cf = pooled_array<float>(c.num_keys());
+      o.coef = cf.mutable_data();
+      coef = std::move(cf);
+    }
+    out.append(py::make_tuple(order, keys, weights, coef, copy_of(c.key_start), bags,
+                              copy_of(c.bag_start), offsets));
+  }
+  {
+    py::gil_scoped_release release;
+    for (size_t k = 0; k < R; ++k) {
+      embstore::fill_routes(requests[k], route.data() + first[k], counts[k], outputs[k]);
+    }
+  }
+  return std::move(out);
+}
+
+// out[bags[j]] += rows[j]: one route's partial pooled sums added into the batch's.
+void add_rows_into(const py::array& out, const py::array& bags, const py::array& rows) {
+  const auto a = py::reinterpret_borrow<py::array>(out);
+  float* o = const_cast<float*>(array_data<float>(out, "out", 2, -1, -1));
+  if (!a.writeable()) throw py::value_error("out: array must be writeable");
+  const py::ssize_t num_bags = a.shape(0), dim = a.shape(1);
+  const int64_t* b = array_data<int64_t>(bags, "bags", 1, -1, -1);
+  const py::ssize_t count = bags.shape(0);
+  const float* r = array_data<float>(rows, "rows", 2, count, dim);
+  for (py::ssize_t j = 0; j < count; ++j) {
+    if (b[j] < 0 || b[j] >= num_bags) throw py::value_error("bags: index out of range");
+  }
+  py::gil_scoped_release release;
+  embstore::add_rows(o, static_cast<size_t>(dim), b, static_cast<size_t>(count), r);
+}
+
+py::array_t<uint32_t> route_ids_of(const py::array& keys, uint32_t num_routes, uint64_t salt) {
+  if (num_routes == 0) throw py::value_error("num_routes must be positive");
+  const uint64_t* k = array_data<uint64_t>(keys, "keys", 1, -1, -1);
+  const auto n = keys.shape(0);
+  py::array_t<uint32_t> out(n);
+  uint32_t* o = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    embstore::route_ids(k, static_cast<size_t>(n), salt, num_routes, o);
+  }
+  return out;
+}
+
 }  // namespace
 
 namespace embstore_py {
@@ -98,105 +188,13 @@ namespace embstore_py {
 void bind_route(py::module_& m) {
   m.attr("ROUTE_SALT") = py::int_(embstore::kRouteSalt);
 
-  // Validates every batch as a group call would (the first error, in order), then splits each
-  // by route. Returns per batch (order, keys, weights | None, coef | None, key_start, bags,
-  // bag_start, offsets): see embstore::RoutePlan. The list holds the arrays alive meanwhile.
-  m.def(
-      "route_batches",
-      [](const py::list& batches, const std::vector<std::string>& labels, uint32_t num_routes,
-         uint64_t salt, bool mean, bool split) -> py::object {
-        if (num_routes == 0) throw py::value_error("num_routes must be positive");
-        const py::list held = batches;  // a reference: its tuples outlive the released GIL
-        const std::vector<embstore::RouteRequest> requests = requests_of(held, labels);
-        const size_t R = requests.size();
-        std::vector<size_t> first(R + 1, 0);  // each request's slice of the route scratch
-        for (size_t k = 0; k < R; ++k) first[k + 1] = first[k] + requests[k].n;
-        thread_local std::vector<uint32_t> route;  // reused: no page faults per batch
-        if (split && route.size() < first[R]) route.resize(first[R]);
-        std::vector<embstore::RouteCounts> counts;
-        {
-          py::gil_scoped_release release;
-          embstore::validate_route_requests(requests);
-          if (split) {
-            counts.reserve(R);
-            for (size_t k = 0; k < R; ++k) {
-              counts.push_back(
-                  embstore::count_routes(requests[k], num_routes, salt, route.data() + first[k]));
-            }
-          }
-        }
-        if (!split) return py::none();
-        py::list out;
-        std::vector<embstore::RouteOutput> outputs(R);
-        for (size_t k = 0; k < R; ++k) {
-          const embstore::RouteCounts& c = counts[k];
-          const bool weighted = !held[k].cast<py::tuple>()[2].is_none();
-          auto order = pooled_array<int64_t>(c.num_keys());
-          auto keys = pooled_array<uint64_t>(c.num_keys());
-          auto bags = pooled_array<int64_t>(c.num_bags());
-          auto offsets = pooled_array<int64_t>(c.num_offsets());
-          py::object weights = py::none(), coef = py::none();
-          embstore::RouteOutput& o = outputs[k];
-          o = {order.mutable_data(), keys.mutable_data(),   nullptr, nullptr,
-               bags.mutable_data(),  offsets.mutable_data()};
-          if (weighted) {
-            auto w = pooled_array<float>(c.num_keys());
-            o.weights = w.mutable_data();
-            weights = std::move(w);
-          }
-          if (mean) {
-            auto cf = pooled_array<float>(c.num_keys());
-            o.coef = cf.mutable_data();
-            coef = std::move(cf);
-          }
-          out.append(py::make_tuple(order, keys, weights, coef, copy_of(c.key_start), bags,
-                                    copy_of(c.bag_start), offsets));
-        }
-        {
-          py::gil_scoped_release release;
-          for (size_t k = 0; k < R; ++k) {
-            embstore::fill_routes(requests[k], route.data() + first[k], counts[k], outputs[k]);
-          }
-        }
-        return std::move(out);
-      },
-      py::arg("batches"), py::arg("labels"), py::arg("num_routes"), py::arg("salt"),
-      py::arg("mean"), py::arg("split") = true);
+  // route_batches, add_rows, route_ids: see the functions above.
+  m.def("route_batches", &route_batches, py::arg("batches"), py::arg("labels"),
+        py::arg("num_routes"), py::arg("salt"), py::arg("mean"), py::arg("split") = true);
 
-  // out[bags[j]] += rows[j]: one route's partial pooled sums added into the batch's.
-  m.def(
-      "add_rows",
-      [](const py::array& out, const py::array& bags, const py::array& rows) {
-        const auto a = py::reinterpret_borrow<py::array>(out);
-        float* o = const_cast<float*>(array_data<float>(out, "out", 2, -1, -1));
-        if (!a.writeable()) throw py::value_error("out: array must be writeable");
-        const py::ssize_t num_bags = a.shape(0), dim = a.shape(1);
-        const int64_t* b = array_data<int64_t>(bags, "bags", 1, -1, -1);
-        const py::ssize_t count = bags.shape(0);
-        const float* r = array_data<float>(rows, "rows", 2, count, dim);
-        for (py::ssize_t j = 0; j < count; ++j) {
-          if (b[j] < 0 || b[j] >= num_bags) throw py::value_error("bags: index out of range");
-        }
-        py::gil_scoped_release release;
-        embstore::add_rows(o, static_cast<size_t>(dim), b, static_cast<size_t>(count), r);
-      },
-      py::arg("out"), py::arg("bags"), py::arg("rows"));
+  m.def("add_rows", &add_rows_into, py::arg("out"), py::arg("bags"), py::arg("rows"));
 
-  m.def(
-      "route_ids",
-      [](const py::array& keys, uint32_t num_routes, uint64_t salt) {
-        if (num_routes == 0) throw py::value_error("num_routes must be positive");
-        const uint64_t* k = array_data<uint64_t>(keys, "keys", 1, -1, -1);
-        const auto n = keys.shape(0);
-        py::array_t<uint32_t> out(n);
-        uint32_t* o = out.mutable_data();
-        {
-          py::gil_scoped_release release;
-          embstore::route_ids(k, static_cast<size_t>(n), salt, num_routes, o);
-        }
-        return out;
-      },
-      py::arg("keys"), py::arg("num_routes"), py::arg("salt"));
+  m.def("route_ids", &route_ids_of, py::arg("keys"), py::arg("num_routes"), py::arg("salt"));
 }
 
 }  // namespace embstore_py

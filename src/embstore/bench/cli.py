@@ -138,6 +138,13 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
         help="size of the array the floor's memory rates are measured on "
         f"(default {quick.floor_array_mib}; keep it >> the last-level cache)",
     )
+    _add_output_flags(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    return p
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that turn saved runs into a plot, a results page or the README's table."""
     p.add_argument(
         "--plot",
         metavar="PATH",
@@ -164,8 +171,6 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
         action="store_true",
         help="print README.md's performance table generated from --from-json files",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
-    return p
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:

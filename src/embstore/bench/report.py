@@ -275,7 +275,31 @@ def format_report(report: dict[str, Any]) -> str:
     """Header, summary, targets, result table, floor, memory and verification lines."""
     env, cfg = report["environment"], report["config"]
     w5 = cfg.get("workload") == "w5"
-    out = [
+    out = _header_lines(env, cfg, w5)
+    results = report["results"]
+    if results and w5:
+        out += format_w5_sections(results)
+    elif results:
+        out += _w1_sections(results, cfg)
+    out += [report["table"], ""]
+    if any(r["measured_threads"] is None for r in report["results"]):
+        out.append(
+            "\\* single-threaded peer (numpy/pandas ignore the thread setting): measured "
+            "once per D and L, repeated in each thread group for the ratio."
+        )
+        out.append("")
+    out += format_load_notes(env, report["results"])
+    for name, why in report["skipped"].items():
+        out.append(f"- {name}: {why}")
+    out += format_passes(report["results"])
+    out += format_floor(report.get("floor"))
+    out += _footer_lines(report)
+    return "\n".join(out)
+
+
+def _header_lines(env: dict[str, Any], cfg: dict[str, Any], w5: bool) -> list[str]:
+    """The report's title and its run, machine, table and method lines."""
+    return [
         "## embstore bench: W5 (26 Criteo-sized tables, D=16, small batches)"
         if w5
         else "## embstore bench: W1 (pooled training step, warm tables)",
@@ -308,53 +332,45 @@ def format_report(report: dict[str, Any]) -> str:
         ),
         "",
     ]
-    results = report["results"]
-    if results and w5:
-        out += format_w5_sections(results)
-    elif results:
-        dims, pools, threads = _cases(results)
+
+
+def _w1_sections(results: list[dict[str, Any]], cfg: dict[str, Any]) -> list[str]:
+    """W1's summary and targets tables, with how to read them."""
+    out: list[str] = []
+    dims, pools, threads = _cases(results)
+    out += [
+        ("### Summary: embstore against each peer (x = peer / embstore, > 1: embstore is faster)"),
+        "",
+        format_summary(results),
+        "",
+        "### Targets: ratios measured in this run",
+        "",
+        format_targets(evaluate(results, dims, pools, threads), threads),
+        "",
+        (
+            "Each peer at its best (lowest) median over the thread counts run; the status "
+            "is judged at the targets' thread count (2, else the most run); n/a: a peer it "
+            "needs did not run; others: the most cores other processes used while the rows "
+            "the judged value reads were timed (above ~0.2 the verdict is unreliable)."
+        ),
+        "",
+    ]
+    if cfg["universe"] != CANONICAL_UNIVERSE:
         out += [
             (
-                "### Summary: embstore against each peer (x = peer / embstore, > 1: embstore "
-                "is faster)"
-            ),
-            "",
-            format_summary(results),
-            "",
-            "### Targets: ratios measured in this run",
-            "",
-            format_targets(evaluate(results, dims, pools, threads), threads),
-            "",
-            (
-                "Each peer at its best (lowest) median over the thread counts run; the status "
-                "is judged at the targets' thread count (2, else the most run); n/a: a peer it "
-                "needs did not run; others: the most cores other processes used while the rows "
-                "the judged value reads were timed (above ~0.2 the verdict is unreliable)."
+                f"The targets are defined on W1 at full size (--full, U="
+                f"{CANONICAL_UNIVERSE:,}); this run used U={cfg['universe']:,}, so the "
+                "verdicts are indicative only (smaller tables fit the caches better)."
             ),
             "",
         ]
-        if cfg["universe"] != CANONICAL_UNIVERSE:
-            out += [
-                (
-                    f"The targets are defined on W1 at full size (--full, U="
-                    f"{CANONICAL_UNIVERSE:,}); this run used U={cfg['universe']:,}, so the "
-                    "verdicts are indicative only (smaller tables fit the caches better)."
-                ),
-                "",
-            ]
-        out += ["### All measurements", ""]
-    out += [report["table"], ""]
-    if any(r["measured_threads"] is None for r in report["results"]):
-        out.append(
-            "\\* single-threaded peer (numpy/pandas ignore the thread setting): measured "
-            "once per D and L, repeated in each thread group for the ratio."
-        )
-        out.append("")
-    out += format_load_notes(env, report["results"])
-    for name, why in report["skipped"].items():
-        out.append(f"- {name}: {why}")
-    out += format_passes(report["results"])
-    out += format_floor(report.get("floor"))
+    out += ["### All measurements", ""]
+    return out
+
+
+def _footer_lines(report: dict[str, Any]) -> list[str]:
+    """Memory, setup, RSS and verification lines."""
+    out: list[str] = []
     for m in report["memory"]:
         if "error" in m:
             out.append(f"- embstore memory, D={m['dim']}: {m['error']}")
@@ -407,7 +423,7 @@ def format_report(report: dict[str, Any]) -> str:
                 f"{max(v['forward_max_abs_err'] for v in exact):.2g}, Adagrad step max abs err "
                 f"{max(v['update_max_abs_err'] for v in exact):.2g}"
             )
-    return "\n".join(out)
+    return out
 
 
 def _w5_sizes_line(cfg: dict[str, Any]) -> str:
