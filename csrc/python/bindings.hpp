@@ -22,7 +22,6 @@ void bind_snapshot(py::module_& m);  // Snapshot, begin_snapshot (snapshot_bindi
 void bind_group(py::module_& m);     // group_lookup_sum, group_apply_gradients
 void bind_runtime(py::module_& m);   // output pool, thread pool, metrics, SIMD (module.cpp)
 void bind_timers(py::module_& m);  // named layer timers, histogram snapshots (metrics_bindings.cpp)
-void bind_metrics_raw(py::module_& m);  // raw latency buckets (metrics_raw_bindings.cpp)
 void bind_checkpoint(
     py::module_& m);  // checkpoint save/load, CheckpointError (checkpoint_bindings.cpp)
 void bind_route(py::module_& m);  // route_batches, route_ids, add_rows (route_bindings.cpp)

@@ -86,7 +86,6 @@ PYBIND11_MODULE(_core, m) {
   embstore_py::bind_snapshot(m);
   embstore_py::bind_group(m);
   embstore_py::bind_timers(m);
-  embstore_py::bind_metrics_raw(m);
   embstore_py::bind_route(m);
   embstore_py::bind_checkpoint(m);
 }

@@ -144,7 +144,7 @@ class ShardServer:
         return {n: t.evict(older_than=older_than) for n, t in self.group.items()}
 
     def stats(self) -> dict[str, Any]:
-        """Each table's stats and raw latency histograms (merged by the client)."""
+        """Each table's stats and raw histogram snapshots (picklable; merged by the client)."""
         return {"tables": self.group.stats(), "raw": _stats.raw_buckets(dict(self.group))}
 
     def health(self) -> dict[str, Any]:
