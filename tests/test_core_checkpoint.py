@@ -147,7 +147,9 @@ def test_core_files_read_with_the_numpy_reader(tmp_path: Path, k: int) -> None:
     if admission is not None:  # the sketch sections round trip
         t3 = embstore.Table.load(core_file)
         for s in range(t.num_shards):
-            assert np.array_equal(t3._internals().live().sketch_counters(s), t._internals().live().sketch_counters(s))
+            assert np.array_equal(
+                t3._internals().live().sketch_counters(s), t._internals().live().sketch_counters(s)
+            )
 
 
 def test_python_chain_loads_in_the_core(tmp_path: Path) -> None:
@@ -255,7 +257,9 @@ def test_groups_both_ways(tmp_path: Path) -> None:
     for name, d in got:
         assert_same_core_rows(d["table"], g[name]._internals().live())
         assert d["name"] == name
-    _core.checkpoint_save_group([(n, g[n]._internals().live()) for n in g.names], str(tmp_path / "core"))
+    _core.checkpoint_save_group(
+        [(n, g[n]._internals().live()) for n in g.names], str(tmp_path / "core")
+    )
     back = embstore.TableGroup.load(tmp_path / "core")
     assert back.names == g.names
     for name in g.names:
@@ -288,8 +292,9 @@ def test_bad_files_raise_checkpoint_error(tmp_path: Path) -> None:
         _core.checkpoint_load(str(bad))
     with pytest.raises(FileNotFoundError):
         _core.checkpoint_load(str(tmp_path / "missing.ckpt"))
+    fresh = trained(rng, steps=1, universe=20)  # never saved: no chain to follow
     with pytest.raises(embstore.CheckpointError, match="needs a previous checkpoint"):
-        _core.checkpoint_save(t._internals().live(), str(tmp_path / "x.ckpt"), delta=True)
+        _core.checkpoint_save(fresh._internals().live(), str(tmp_path / "x.ckpt"), delta=True)
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
     assert _core.checkpoint_read_header(str(good_path)).startswith("{")
 

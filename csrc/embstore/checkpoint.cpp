@@ -62,8 +62,8 @@ void write_item(FileWriter& w, const Item& item, size_t width) {
 // Streams a begun snapshot into `path` (atomically). This thread copies chunks out of the
 // table and checksums them; a writer thread writes the previous chunk meanwhile (two chunk
 // buffers), so copy and I/O overlap. The snapshot is neither committed nor aborted here.
-void write_snapshot(Table& table, Snapshot& snap, const std::string& path,
-                    const std::string& kind, const std::string& id, const TableLabel& label) {
+void write_snapshot(Table& table, Snapshot& snap, const std::string& path, const std::string& kind,
+                    const std::string& id, const TableLabel& label) {
   const Json header = internal::make_header(table, snap, kind, id, snap.parent_id(), label);
   FileWriter w(path, header);
   const size_t width = snap.row_width(), cap = internal::chunk_rows(width);
@@ -161,8 +161,7 @@ bool is_temporary_file(const std::string& s) {
          is_hex(s, n - 16, 12);
 }
 
-std::string save_impl(Table& table, const std::string& path, const TableLabel& label,
-                      bool delta) {
+std::string save_impl(Table& table, const std::string& path, const TableLabel& label, bool delta) {
   Snapshot snap(table, delta ? SnapshotMode::kDelta : SnapshotMode::kFull);
   if (delta && snap.parent_id().empty()) {
     throw CheckpointError(path +
@@ -202,8 +201,11 @@ std::function<bool(uint64_t)> keep_route(uint64_t salt, uint32_t num_shards, uin
 }
 
 void save_group(const std::vector<std::pair<std::string, Table*>>& tables,
-                const std::string& directory) {
+                const std::string& directory, const std::vector<TableLabel>& labels) {
   namespace fs = std::filesystem;
+  if (!labels.empty() && labels.size() != tables.size()) {
+    throw std::invalid_argument("save_group: labels must be empty or one per table");
+  }
   std::set<std::string> names;
   for (const auto& [name, table] : tables) {
     if (table == nullptr) throw std::invalid_argument("save_group: table '" + name + "' is null");
@@ -223,7 +225,7 @@ void save_group(const std::vector<std::pair<std::string, Table*>>& tables,
     const std::string id = internal::new_checkpoint_id();
     char file[64];
     std::snprintf(file, sizeof file, "t%03zu-%s.ckpt", k, id.substr(0, 12).c_str());
-    TableLabel label;
+    TableLabel label = labels.empty() ? TableLabel{} : labels[k];
     label.name = tables[k].first;
     write_snapshot(*tables[k].second, *snaps[k], directory + "/" + file, "full", id, label);
     Json e = Json::object();
@@ -238,7 +240,8 @@ void save_group(const std::vector<std::pair<std::string, Table*>>& tables,
   body.set("format", Json::string("embstore.group"));
   body.set("version", Json::unsigned_integer(internal::kFormatVersion));
   body.set("created_unix", Json::number(std::chrono::duration<double>(
-                               std::chrono::system_clock::now().time_since_epoch()).count()));
+                                            std::chrono::system_clock::now().time_since_epoch())
+                                            .count()));
   body.set("tables", entries);
   body.set("order", order);
   // The checksum is over Python's json.dumps(body, sort_keys=True), which dump(false) is.

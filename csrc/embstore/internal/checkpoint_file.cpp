@@ -4,7 +4,7 @@
 #include <sys/stat.h>  // fstat
 #include <unistd.h>    // write, pread, fsync, close, unlink
 
-#include <cerrno>        // errno, EINTR
+#include <cerrno>        // errno, EINTR, ENOSPC
 #include <chrono>        // std::chrono::hours
 #include <cstdio>        // std::rename, std::snprintf
 #include <cstdlib>       // std::getenv
@@ -21,7 +21,7 @@
 namespace embstore::internal {
 namespace {
 
-constexpr unsigned char kMagic[16] = {'E', 'M', 'B', 'S', 'T', 'O', 'R', 'E',
+constexpr unsigned char kMagic[16] = {'E',  'M', 'B', 'S', 'T',  'O',  'R',  'E',
                                       0x89, 'C', 'K', 'P', '\r', '\n', 0x1A, '\n'};
 constexpr size_t kAlign = 64;
 constexpr size_t kPreamble = 32;
@@ -85,6 +85,10 @@ void split_path(const std::string& path, std::string& dir, std::string& base) {
 }  // namespace
 
 void test_pause(const std::string& point) {
+  const char* fail_at = std::getenv("EMBSTORE_CHECKPOINT_TEST_FAIL");
+  if (fail_at != nullptr && point == fail_at) {
+    throw std::system_error(ENOSPC, std::generic_category(), "No space left on device (test)");
+  }
   const char* want = std::getenv("EMBSTORE_CHECKPOINT_TEST_PAUSE");
   if (want == nullptr || point != want) return;
   if (const char* marker = std::getenv("EMBSTORE_CHECKPOINT_TEST_MARKER")) {
@@ -258,7 +262,7 @@ FileReader::FileReader(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) io_error(path, "cannot open");
   try {
-    struct stat st {};
+    struct stat st{};
     if (::fstat(fd_, &st) != 0) io_error(path, "stat failed");
     size_ = static_cast<uint64_t>(st.st_size);
     unsigned char pre[kPreamble] = {};
@@ -405,7 +409,8 @@ static std::string shard_text(uint32_t shard) {
 }
 
 void FileReader::read_payload(const SectionInfo& sec, void* out) {
-  if (!pending_ || pos_ != sec.offset) throw std::logic_error("read_payload: not the current section");
+  if (!pending_ || pos_ != sec.offset)
+    throw std::logic_error("read_payload: not the current section");
   read_exact(out, sec.nbytes, "section " + std::to_string(sec.number) + " payload");
   if (crc32(out, sec.nbytes) != sec.crc) {
     fail("corrupted section " + std::to_string(sec.number) + " (" + sec.name + ", shard " +
@@ -415,7 +420,8 @@ void FileReader::read_payload(const SectionInfo& sec, void* out) {
 }
 
 void FileReader::skip_payload(const SectionInfo& sec) {
-  if (!pending_ || pos_ != sec.offset) throw std::logic_error("skip_payload: not the current section");
+  if (!pending_ || pos_ != sec.offset)
+    throw std::logic_error("skip_payload: not the current section");
   std::vector<unsigned char> scratch(std::min<uint64_t>(sec.nbytes, 1u << 20));
   uint32_t crc = 0;
   uint64_t left = sec.nbytes;

@@ -21,7 +21,8 @@ constexpr const char* kFormatName = "embstore.checkpoint";
 constexpr uint32_t kNoShard = 0xFFFFFFFFu;
 
 // The writer's test hook (tests/test_checkpoint_crash.py): when EMBSTORE_CHECKPOINT_TEST_PAUSE
-// names `point`, writes it to the file EMBSTORE_CHECKPOINT_TEST_MARKER names and sleeps.
+// names `point`, writes it to the file EMBSTORE_CHECKPOINT_TEST_MARKER names and sleeps; when
+// EMBSTORE_CHECKPOINT_TEST_FAIL names it, throws an ENOSPC system_error (a disk that fills).
 void test_pause(const std::string& point);
 // Test seam: sleeps EMBSTORE_CHECKPOINT_TEST_CHUNK_US microseconds (when set) after each
 // chunk a save copies out, so tests can stretch a save over many concurrent calls.
@@ -39,8 +40,8 @@ class FileWriter {
 
   // Appends a section: `name` one of ids, rows, last_step, removed, sketch (its dtype is
   // implied); cols 0 for a 1-D section; `crc` the payload's CRC-32.
-  void section(const char* name, uint32_t shard, uint64_t rows, uint64_t cols,
-               const void* data, uint32_t crc);
+  void section(const char* name, uint32_t shard, uint64_t rows, uint64_t cols, const void* data,
+               uint32_t crc);
   void finish();             // trailer, fsync, rename over the path, directory fsync
   void discard() noexcept;   // closes and removes the temporary file
 

@@ -1,8 +1,8 @@
 #include "embstore/internal/checkpoint_header.hpp"
 
 #include <chrono>     // std::chrono::system_clock
-#include <cstdio>     // std::snprintf
 #include <cmath>      // std::isfinite
+#include <cstdio>     // std::snprintf
 #include <random>     // std::random_device
 #include <stdexcept>  // std::runtime_error
 #include <tuple>      // std::tuple
@@ -26,14 +26,11 @@ Layout state_layout(const OptimizerConfig& o, size_t dim) {
     case OptimizerKind::kSgd:
       if (o.momentum > 0.0f) return {{"momentum", dim, "float32"}};
       return {};
-    case OptimizerKind::kAdagrad:
-      return {{"accumulator", dim, "float32"}};
-    case OptimizerKind::kRowWiseAdagrad:
-      return {{"accumulator", 1, "float32"}};
+    case OptimizerKind::kAdagrad: return {{"accumulator", dim, "float32"}};
+    case OptimizerKind::kRowWiseAdagrad: return {{"accumulator", 1, "float32"}};
     case OptimizerKind::kAdam:
       return {{"m", dim, "float32"}, {"v", dim, "float32"}, {"step", 1, "uint32"}};
-    case OptimizerKind::kFtrl:
-      return {{"z", dim, "float32"}, {"n", dim, "float32"}};
+    case OptimizerKind::kFtrl: return {{"z", dim, "float32"}, {"n", dim, "float32"}};
   }
   return {};
 }
@@ -52,7 +49,7 @@ const char* optimizer_name(OptimizerKind k) {
 // The Python dataclass fields of each optimizer -> the config's floats.
 struct Field {
   const char* name;
-  float OptimizerConfig::*member;
+  float OptimizerConfig::* member;
 };
 std::vector<Field> optimizer_fields(OptimizerKind k) {
   using O = OptimizerConfig;
@@ -62,7 +59,10 @@ std::vector<Field> optimizer_fields(OptimizerKind k) {
     case OptimizerKind::kRowWiseAdagrad:
       return {{"lr", &O::lr}, {"eps", &O::eps}, {"initial_accumulator", &O::initial_accumulator}};
     case OptimizerKind::kAdam:
-      return {{"lr", &O::lr}, {"beta1", &O::beta1}, {"beta2", &O::beta2}, {"eps", &O::eps},
+      return {{"lr", &O::lr},
+              {"beta1", &O::beta1},
+              {"beta2", &O::beta2},
+              {"eps", &O::eps},
               {"weight_decay", &O::weight_decay}};
     case OptimizerKind::kFtrl:
       return {{"alpha", &O::lr}, {"beta", &O::ftrl_beta}, {"l1", &O::l1}, {"l2", &O::l2}};
@@ -191,13 +191,16 @@ Json make_header(const Table& table, const Snapshot& snap, const std::string& ki
   }
   t.set("step", Json::unsigned_integer(snap.step()));
   t.set("step_tracking", Json::boolean(snap.step_tracking()));
+  // Written only when set, as the Python writer did: older readers ignore it.
+  if (label.padding_id) t.set("padding_id", Json::integer(*label.padding_id));
 
   Json layout = Json::array();
   for (const auto& [name, width, dtype] : state_layout(c.optimizer, c.dim)) {
-    layout.push(Json::array({Json::string(name), Json::unsigned_integer(width), Json::string(dtype)}));
+    layout.push(
+        Json::array({Json::string(name), Json::unsigned_integer(width), Json::string(dtype)}));
   }
-  const double now = std::chrono::duration<double>(
-                         std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   Json h = Json::object();
   h.set("format", Json::string(kFormatName));
   h.set("version", Json::unsigned_integer(kFormatVersion));
@@ -216,7 +219,8 @@ Json make_header(const Table& table, const Snapshot& snap, const std::string& ki
 bool SavedTable::same_shape(const SavedTable& o) const noexcept {
   return config.dim == o.config.dim && row_width == o.row_width &&
          config.optimizer.kind == o.config.optimizer.kind &&
-         state_layout(config.optimizer, config.dim) == state_layout(o.config.optimizer, o.config.dim);
+         state_layout(config.optimizer, config.dim) ==
+             state_layout(o.config.optimizer, o.config.dim);
 }
 
 SavedTable parse_header(const FileReader& r) {
@@ -228,6 +232,11 @@ SavedTable parse_header(const FileReader& r) {
     if (!name.is_null()) s.label.name = name.as_string();
     const Json& threads = t.member("num_threads");
     if (!threads.is_null()) s.label.num_threads = threads.as_u64();
+    const Json* padding = t.find("padding_id");
+    if (padding != nullptr && !padding->is_null()) {  // int64 or uint64 text: the same 64 bits
+      const bool negative = padding->dump(true).front() == '-';
+      s.label.padding_id = negative ? padding->as_i64() : static_cast<int64_t>(padding->as_u64());
+    }
     TableConfig& c = s.config;
     c.dim = t.member("dim").as_u64();
     c.capacity = t.member("capacity").as_u64();
