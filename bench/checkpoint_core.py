@@ -5,7 +5,7 @@ package's, on W1's tables (8 x 1M rows, D=32, Adagrad), in the same run.
 
 For each directory and repeat, every warm table is saved into a new file and loaded back
 by both paths, the order of the two alternating per table and repeat: Python =
-``Table.save`` / ``Table.load`` (today's writer and reader, src/embstore/_persist.py);
+``Table.save`` / ``Table.load`` (the core's writer and reader behind the facade's checks);
 C++ = ``_core.checkpoint_save`` / ``_core.checkpoint_load`` (embstore/checkpoint.hpp: one
 call with the GIL released, so the same code a C++ program runs). Both write a temporary
 file, fsync it, rename it and fsync the directory; on tmpfs (/dev/shm) fsync is free, so

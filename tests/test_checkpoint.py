@@ -32,7 +32,7 @@ from reference import (
 )
 
 import embstore
-from embstore import checkpoint
+from embstore import _sharded, checkpoint
 from embstore._persist import buffers as _buffers
 
 
@@ -431,28 +431,17 @@ def test_save_resets_the_delta_base(tmp_path: Path) -> None:
 def test_failed_save_keeps_dirty_rows_and_removed_ids(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_buffers, "CHUNK_BYTES", 64)
-    monkeypatch.setattr(_buffers, "MIN_CHUNK_ROWS", 4)
     t = embstore.Table(dim=2, capacity=1000, num_shards=4, optimizer=embstore.SGD(lr=0.1))
     t.lookup(np.arange(200))
     t.save(tmp_path / "b")
     t.apply_gradients(np.arange(50), np.ones((50, 2), np.float32))
     t.erase(np.arange(150, 170))
-    real = checkpoint.CheckpointWriter.section
-    calls = {"n": 0}
-
-    def failing(self: Any, *a: Any, **k: Any) -> None:
-        calls["n"] += 1
-        if calls["n"] == 7:
-            raise OSError(28, "No space left on device")
-        real(self, *a, **k)
-
     for save in (t.save_delta, t.save):
-        calls["n"] = 0
-        monkeypatch.setattr(checkpoint.CheckpointWriter, "section", failing)
+        # The core's writer fails writing its 7th section (a disk that fills).
+        monkeypatch.setenv("EMBSTORE_CHECKPOINT_TEST_FAIL", "section:6")
         with pytest.raises(OSError, match="No space"):
             save(tmp_path / "failed")
-        monkeypatch.setattr(checkpoint.CheckpointWriter, "section", real)
+        monkeypatch.delenv("EMBSTORE_CHECKPOINT_TEST_FAIL")
         assert not (tmp_path / "failed").exists()
         assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
     t.save_delta(tmp_path / "d")
@@ -781,9 +770,8 @@ def test_a_load_that_fails_midway_stops_its_reader_thread(
 
     monkeypatch.setattr(_buffers, "CHUNK_BYTES", 64)
     monkeypatch.setattr(_buffers, "MIN_CHUNK_ROWS", 4)
-    t = embstore.Table(dim=2, capacity=1000, num_shards=2)
+    t = embstore.Table(dim=2, capacity=1000, num_shards=8)  # a row group per shard
     t.lookup(np.arange(500))
-    t.save(tmp_path / "b")
     calls = {"n": 0}
     real = embstore._core.Table.import_rows
 
@@ -793,9 +781,13 @@ def test_a_load_that_fails_midway_stops_its_reader_thread(
             raise MemoryError("simulated")
         return int(real(self, **kw))
 
+    # The Python reader streams a re-routed load (the sharded store's; the core reads
+    # Table.load): a plain group directory is a checkpoint of one shard, loaded as 2.
+    embstore.TableGroup({"t": t}).save(tmp_path / "g")
+    source = _sharded.open_source(tmp_path / "g")
     monkeypatch.setattr(embstore._core.Table, "import_rows", failing)
     with pytest.raises(MemoryError):
-        embstore.Table.load(tmp_path / "b")
+        _sharded.load_shard(source, _sharded.specs_of(source), 0, 2)
     names = [th.name for th in threading.enumerate()]
     assert "embstore-checkpoint-reader" not in names
 

@@ -35,7 +35,9 @@ EPS = np.float32(1e-8)
 
 @pytest.fixture
 def slow_saves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chunks of 16 rows and 1 ms per chunk copied out: a snapshot takes a while."""
+    """1 ms per chunk copied out (the core's save seam; export's chunks of 16 rows): a
+    snapshot takes a while."""
+    monkeypatch.setenv("EMBSTORE_CHECKPOINT_TEST_CHUNK_US", "1000")
     monkeypatch.setattr(_buffers, "CHUNK_BYTES", 16)
     monkeypatch.setattr(_buffers, "MIN_CHUNK_ROWS", 16)
     monkeypatch.setattr(_buffers, "chunk_hook", lambda: time.sleep(0.001))

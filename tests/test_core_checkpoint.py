@@ -298,8 +298,9 @@ def test_bad_files_raise_checkpoint_error(tmp_path: Path) -> None:
         _core.checkpoint_load(str(bad))
     with pytest.raises(FileNotFoundError):
         _core.checkpoint_load(str(tmp_path / "missing.ckpt"))
+    fresh = trained(rng, steps=1, universe=20)  # never saved: no chain to follow
     with pytest.raises(embstore.CheckpointError, match="needs a previous checkpoint"):
-        _core.checkpoint_save(t._internals().live(), str(tmp_path / "x.ckpt"), delta=True)
+        _core.checkpoint_save(fresh._internals().live(), str(tmp_path / "x.ckpt"), delta=True)
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
     assert _core.checkpoint_read_header(str(good_path)).startswith("{")
 
@@ -337,3 +338,26 @@ def test_core_save_killed_leaves_the_previous_file(tmp_path: Path, point: str) -
         child.wait()
     assert path.read_bytes() == before
     assert_same_arrays(checkpoint.read(path), t.export())
+
+
+def test_core_headers_carry_num_threads_and_padding_id(tmp_path: Path) -> None:
+    """Table and group saves (the core's) record what the facade needs back, and the
+    pure-numpy reader sees it in the header."""
+    a = embstore.Table(dim=2, capacity=64, num_threads=1, padding_id=2**64 - 1)
+    b = embstore.Table(dim=3, capacity=64, padding_id=7)
+    a.lookup(np.arange(5))
+    b.lookup(np.arange(9))
+    a.save(tmp_path / "a.ckpt")
+    assert checkpoint.read_header(tmp_path / "a.ckpt")["table"]["padding_id"] == -1
+    back = embstore.Table.load(tmp_path / "a.ckpt")
+    assert back.padding_id == -1
+    assert back.spec.padding_key == 2**64 - 1
+    assert back.spec.num_threads == 1
+    embstore.TableGroup({"a": a, "b": b}).save(tmp_path / "g")
+    g = embstore.TableGroup.load(tmp_path / "g")
+    assert g["a"].spec.num_threads == 1
+    assert g["b"].spec.num_threads is None
+    assert g["a"].padding_id == -1
+    assert g["b"].padding_id == 7
+    for name, t in (("a", a), ("b", b)):
+        assert_same_arrays(g[name].export(), t.export())

@@ -201,8 +201,11 @@ std::function<bool(uint64_t)> keep_route(uint64_t salt, uint32_t num_shards, uin
 }
 
 void save_group(const std::vector<std::pair<std::string, Table*>>& tables,
-                const std::string& directory) {
+                const std::string& directory, const std::vector<TableLabel>& labels) {
   namespace fs = std::filesystem;
+  if (!labels.empty() && labels.size() != tables.size()) {
+    throw std::invalid_argument("save_group: labels must be empty or one per table");
+  }
   std::set<std::string> names;
   for (const auto& [name, table] : tables) {
     if (table == nullptr) throw std::invalid_argument("save_group: table '" + name + "' is null");
@@ -222,7 +225,7 @@ void save_group(const std::vector<std::pair<std::string, Table*>>& tables,
     const std::string id = internal::new_checkpoint_id();
     char file[64];
     std::snprintf(file, sizeof file, "t%03zu-%s.ckpt", k, id.substr(0, 12).c_str());
-    TableLabel label;
+    TableLabel label = labels.empty() ? TableLabel{} : labels[k];
     label.name = tables[k].first;
     write_snapshot(*tables[k].second, *snaps[k], directory + "/" + file, "full", id, label);
     Json e = Json::object();

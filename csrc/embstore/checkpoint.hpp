@@ -24,7 +24,7 @@
 #pragma once
 
 #include <cstddef>     // size_t
-#include <cstdint>     // uint64_t, uint32_t
+#include <cstdint>     // uint64_t, uint32_t, int64_t
 #include <functional>  // std::function
 #include <memory>      // std::unique_ptr
 #include <optional>    // std::optional
@@ -42,6 +42,8 @@ namespace embstore {
 struct TableLabel {
   std::optional<std::string> name;  // null: an automatic name
   std::optional<size_t> num_threads;  // as given to the constructor (null: the machine's)
+  // The Python facade's padding id (its 64 bits; the core itself ignores it).
+  std::optional<int64_t> padding_id;
 };
 
 // Writes every row (ids, weights, optimizer state, last step), the configuration and the
@@ -99,9 +101,10 @@ std::string read_header(const std::string& path);
 // `tNNN-<12 hex>.ckpt`, then MANIFEST.json written atomically (the commit point); files of
 // older saves and stray temporary files are removed after. The tables' snapshots begin back
 // to back before any is written (their instants are microseconds apart, not one instant).
-// Names must be distinct.
+// Names must be distinct. `labels` (empty, or one per table) supply what a header records
+// beyond the configuration; each file's name is the table's name in the group.
 void save_group(const std::vector<std::pair<std::string, Table*>>& tables,
-                const std::string& directory);
+                const std::string& directory, const std::vector<TableLabel>& labels = {});
 // Loads every table the manifest names, in its order (options apply to each table;
 // keep_id too, so a group can be resharded).
 std::vector<std::pair<std::string, LoadedTable>> load_group(const std::string& directory,

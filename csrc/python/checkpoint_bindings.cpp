@@ -35,6 +35,7 @@ py::dict loaded_dict(embstore::LoadedTable&& t) {
   d["table"] = std::shared_ptr<embstore::Table>(std::move(t.table));
   d["name"] = t.label.name;
   d["num_threads"] = t.label.num_threads;
+  d["padding_id"] = t.label.padding_id;
   d["checkpoint_id"] = t.checkpoint_id.empty() ? py::none() : py::cast(t.checkpoint_id);
   d["rows"] = t.rows;
   d["dropped"] = t.dropped;
@@ -86,14 +87,16 @@ void bind_checkpoint(py::module_& m) {
   m.def(
       "checkpoint_save",
       [](const std::shared_ptr<embstore::Table>& table, const std::string& path, bool delta,
-         std::optional<std::string> name, std::optional<size_t> num_threads) {
-        embstore::TableLabel label{std::move(name), num_threads};
+         std::optional<std::string> name, std::optional<size_t> num_threads,
+         std::optional<int64_t> padding_id) {
+        embstore::TableLabel label{std::move(name), num_threads, padding_id};
         py::gil_scoped_release release;
         return delta ? embstore::save_delta(*table, path, label)
                      : embstore::save(*table, path, label);
       },
       py::arg("table"), py::arg("path"), py::kw_only(), py::arg("delta") = false,
       py::arg("name") = py::none(), py::arg("num_threads") = py::none(),
+      py::arg("padding_id") = py::none(),
       "Writes a full checkpoint (or a delta) of the table at path; returns its id.");
   m.def(
       "checkpoint_load",
@@ -120,13 +123,18 @@ void bind_checkpoint(py::module_& m) {
   m.def(
       "checkpoint_save_group",
       [](const std::vector<std::pair<std::string, std::shared_ptr<embstore::Table>>>& tables,
-         const std::string& directory) {
+         const std::string& directory,
+         const std::vector<std::pair<std::optional<size_t>, std::optional<int64_t>>>& labels) {
         std::vector<std::pair<std::string, embstore::Table*>> raw;
         for (const auto& [name, t] : tables) raw.emplace_back(name, t.get());
+        std::vector<embstore::TableLabel> l;
+        for (const auto& [threads, padding] : labels) l.push_back({std::nullopt, threads, padding});
         py::gil_scoped_release release;
-        embstore::save_group(raw, directory);
+        embstore::save_group(raw, directory, l);
       },
-      py::arg("tables"), py::arg("directory"));
+      py::arg("tables"), py::arg("directory"), py::kw_only(),
+      py::arg("labels") = std::vector<std::pair<std::optional<size_t>, std::optional<int64_t>>>{},
+      "Saves tables as a group; labels: empty or (num_threads, padding_id) per table.");
   m.def(
       "checkpoint_load_group",
       [](const std::string& directory, std::optional<size_t> num_threads) {

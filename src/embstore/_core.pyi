@@ -248,6 +248,7 @@ def checkpoint_save(
     delta: bool = False,
     name: str | None = None,
     num_threads: int | None = None,
+    padding_id: int | None = None,
 ) -> str: ...
 def checkpoint_load(
     path: str,
@@ -261,7 +262,12 @@ def checkpoint_load(
     keep_recent: bool = False,
     keep_route: tuple[int, int, int] | None = None,
 ) -> dict[str, Any]: ...
-def checkpoint_save_group(tables: list[tuple[str, Table]], directory: str) -> None: ...
+def checkpoint_save_group(
+    tables: list[tuple[str, Table]],
+    directory: str,
+    *,
+    labels: list[tuple[int | None, int | None]] = ...,
+) -> None: ...
 def checkpoint_load_group(
     directory: str, num_threads: int | None = None
 ) -> list[tuple[str, dict[str, Any]]]: ...

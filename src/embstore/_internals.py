@@ -26,23 +26,27 @@ def make_core(spec: TableSpec) -> _core.Table:
 
 
 class TableInternals:
-    """A table's spec (current settings), C++ core, checkpoint chain and evicted-row hand-off.
+    """A table's spec (current settings), C++ core and evicted-row hand-off.
 
     ``spec.name`` is the name the caller gave (None: ``name`` is an automatic one).
     """
 
-    def __init__(self, spec: TableSpec) -> None:
+    def __init__(self, spec: TableSpec, core: _core.Table | None = None) -> None:
+        """``core``: an existing core of ``spec`` (a loaded one); default: a new one."""
         self.spec = spec
         #: ``spec.padding_id`` as a uint64 key, or None (read on every call).
         self.padding_key = spec.padding_key
-        self.core: _core.Table | None = make_core(spec)
-        # The id of the last committed checkpoint (or of the one loaded from): the parent of
-        # the next save_delta. Guarded by checkpoint_lock.
-        self.checkpoint_id: str | None = None
-        self.checkpoint_lock = threading.Lock()
+        # The core keeps the checkpoint chain (the parent of its next save_delta).
+        self.core: _core.Table | None = make_core(spec) if core is None else core
         self._delivering = threading.local()
         auto = metrics.register(self)
         self.name: str = spec.name if spec.name is not None else auto
+
+    @property
+    def checkpoint_id(self) -> str | None:
+        """The checkpoint the core last saved this table to or loaded it from (the parent
+        of its next save_delta), or None."""
+        return _core.table_checkpoint_id(self.live())
 
     @property
     def closed(self) -> bool:

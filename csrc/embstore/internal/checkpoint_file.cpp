@@ -4,7 +4,7 @@
 #include <sys/stat.h>  // fstat
 #include <unistd.h>    // write, pread, fsync, close, unlink
 
-#include <cerrno>        // errno, EINTR
+#include <cerrno>        // errno, EINTR, ENOSPC
 #include <chrono>        // std::chrono::hours
 #include <cstdio>        // std::rename, std::snprintf
 #include <cstdlib>       // std::getenv
@@ -85,6 +85,10 @@ void split_path(const std::string& path, std::string& dir, std::string& base) {
 }  // namespace
 
 void test_pause(const std::string& point) {
+  const char* fail_at = std::getenv("EMBSTORE_CHECKPOINT_TEST_FAIL");
+  if (fail_at != nullptr && point == fail_at) {
+    throw std::system_error(ENOSPC, std::generic_category(), "No space left on device (test)");
+  }
   const char* want = std::getenv("EMBSTORE_CHECKPOINT_TEST_PAUSE");
   if (want == nullptr || point != want) return;
   if (const char* marker = std::getenv("EMBSTORE_CHECKPOINT_TEST_MARKER")) {

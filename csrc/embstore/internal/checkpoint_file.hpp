@@ -21,7 +21,8 @@ constexpr const char* kFormatName = "embstore.checkpoint";
 constexpr uint32_t kNoShard = 0xFFFFFFFFu;
 
 // The writer's test hook (tests/test_checkpoint_crash.py): when EMBSTORE_CHECKPOINT_TEST_PAUSE
-// names `point`, writes it to the file EMBSTORE_CHECKPOINT_TEST_MARKER names and sleeps.
+// names `point`, writes it to the file EMBSTORE_CHECKPOINT_TEST_MARKER names and sleeps; when
+// EMBSTORE_CHECKPOINT_TEST_FAIL names it, throws an ENOSPC system_error (a disk that fills).
 void test_pause(const std::string& point);
 // Test seam: sleeps EMBSTORE_CHECKPOINT_TEST_CHUNK_US microseconds (when set) after each
 // chunk a save copies out, so tests can stretch a save over many concurrent calls.

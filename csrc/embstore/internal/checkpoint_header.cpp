@@ -191,6 +191,8 @@ Json make_header(const Table& table, const Snapshot& snap, const std::string& ki
   }
   t.set("step", Json::unsigned_integer(snap.step()));
   t.set("step_tracking", Json::boolean(snap.step_tracking()));
+  // Written only when set, as the Python writer did: older readers ignore it.
+  if (label.padding_id) t.set("padding_id", Json::integer(*label.padding_id));
 
   Json layout = Json::array();
   for (const auto& [name, width, dtype] : state_layout(c.optimizer, c.dim)) {
@@ -230,6 +232,11 @@ SavedTable parse_header(const FileReader& r) {
     if (!name.is_null()) s.label.name = name.as_string();
     const Json& threads = t.member("num_threads");
     if (!threads.is_null()) s.label.num_threads = threads.as_u64();
+    const Json* padding = t.find("padding_id");
+    if (padding != nullptr && !padding->is_null()) {  // int64 or uint64 text: the same 64 bits
+      const bool negative = padding->dump(true).front() == '-';
+      s.label.padding_id = negative ? padding->as_i64() : static_cast<int64_t>(padding->as_u64());
+    }
     TableConfig& c = s.config;
     c.dim = t.member("dim").as_u64();
     c.capacity = t.member("capacity").as_u64();

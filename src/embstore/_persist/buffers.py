@@ -1,24 +1,18 @@
-"""Chunk buffers shared by the snapshot writer, the loader and export."""
+"""Chunk buffers shared by export and the sharded store's streamed reader."""
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable
 
 import numpy as np
 
-#: Bytes of rows copied out per chunk (one section group); the writer double-buffers.
+#: Bytes of rows copied out (or read) per chunk.
 CHUNK_BYTES = 4 << 20
 MIN_CHUNK_ROWS = 1024
-#: Snapshot modes of ``_core.begin_snapshot``.
-MODE_FULL, MODE_DELTA, MODE_EXPORT = 0, 1, 2
-#: Test seam: called after each chunk a snapshot copies out (tests slow snapshots down).
+#: The export mode of ``_core.begin_snapshot``.
+MODE_EXPORT = 2
+#: Test seam: called after each chunk an export copies out (tests slow exports down).
 chunk_hook: Callable[[], object] | None = None
-
-
-def crc32(a: np.ndarray) -> int:
-    """The CRC-32 of an array's bytes."""
-    return zlib.crc32(a.data.cast("B")) & 0xFFFFFFFF
 
 
 def chunk_rows(width: int) -> int:

@@ -1,16 +1,11 @@
-"""A checkpoint header's table entry <-> :class:`~embstore.TableSpec`."""
+"""A checkpoint header's table entry -> :class:`~embstore.TableSpec`."""
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from typing import Any
 
-from embstore import _core
-from embstore._internals import TableInternals
-from embstore._version import __version__
 from embstore.admission import CountFilter
-from embstore.checkpoint import FORMAT_NAME, FORMAT_VERSION, CheckpointReader
+from embstore.checkpoint import CheckpointError, CheckpointReader
 from embstore.initializers import Initializer, Normal, TruncatedNormal, Uniform, Zeros
 from embstore.optimizers import FTRL, SGD, Adagrad, Adam, Optimizer, RowWiseAdagrad, state_layout
 from embstore.spec import TableSpec
@@ -23,53 +18,22 @@ _INITIALIZERS: dict[str, type[Any]] = {
 }
 
 
-def _settings(obj: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": type(obj).__name__}
-    out.update(dataclasses.asdict(obj))
-    return out
+class HeaderView:
+    """A checkpoint header read without its rows (what :class:`SavedTable` needs of a
+    reader: the header and errors that name the file)."""
+
+    def __init__(self, path: str, header: dict[str, Any]) -> None:
+        self.path = path
+        self.header = header
+
+    def error(self, what: str) -> CheckpointError:
+        """A CheckpointError about this file."""
+        return CheckpointError(f"{self.path}: {what}")
 
 
-def table_config(t: TableInternals, step: int, step_tracking: bool) -> dict[str, Any]:
-    """The ``table`` entry of a checkpoint header."""
-    spec, core = t.spec, t.live()
-    config = {
-        "name": spec.name,  # None: an automatic name
-        "dim": spec.dim,
-        "capacity": int(core.capacity),
-        "num_shards": int(core.num_shards),
-        "num_threads": spec.num_threads,
-        "eviction": spec.eviction,
-        "optimizer": _settings(spec.optimizer),
-        "initializer": _settings(spec.initializer),
-        "admission": None if spec.admission is None else _settings(spec.admission),
-        "step": step,
-        "step_tracking": step_tracking,
-    }
-    if spec.padding_id is not None:  # written only when set: older readers ignore it
-        config["padding_id"] = spec.padding_id
-    return config
-
-
-def header(
-    t: TableInternals, kind: str, ckpt_id: str, parent: str | None, snap: _core.Snapshot
-) -> dict[str, Any]:
-    """A checkpoint file's header."""
-    return {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
-        "kind": kind,
-        "checkpoint_id": ckpt_id,
-        "parent_id": parent,
-        "created_unix": time.time(),
-        "embstore_version": __version__,
-        "consistency": "point-in-time",
-        "table": table_config(t, int(snap.step), bool(snap.step_tracking)),
-        "row_width": int(snap.row_width),
-        "state_layout": [list(e) for e in t.layout()],
-    }
-
-
-def _build(kind: str, spec: Any, registry: dict[str, type[Any]], r: CheckpointReader) -> Any:
+def _build(
+    kind: str, spec: Any, registry: dict[str, type[Any]], r: CheckpointReader | HeaderView
+) -> Any:
     if not isinstance(spec, dict) or spec.get("type") not in registry:
         raise r.error(f"unknown {kind} in the header: {spec!r}")
     params = {k: v for k, v in spec.items() if k != "type"}
@@ -82,7 +46,7 @@ def _build(kind: str, spec: Any, registry: dict[str, type[Any]], r: CheckpointRe
 class SavedTable:
     """A checked view of a checkpoint header's table configuration."""
 
-    def __init__(self, r: CheckpointReader) -> None:
+    def __init__(self, r: CheckpointReader | HeaderView) -> None:
         h = r.header
         try:
             t = h["table"]
