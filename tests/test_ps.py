@@ -455,14 +455,21 @@ def test_load_client_smoke(tmp_path: Path) -> None:
     assert results["open"][0]["ops"]["Step"]["count"] > 0
 
 
+def _cpp_binary() -> str:
+    """The C++ server's binary, or skip (call it before building anything to close)."""
+    binary = os.environ.get("EMBSTORE_CPP_PS_SERVER")
+    if not binary:
+        pytest.skip("EMBSTORE_CPP_PS_SERVER is not set (the C++ example server is not built)")
+    return binary
+
+
 @contextlib.contextmanager
 def _cpp_serving(*args: str) -> Iterator[str]:
     """The C++ example server (examples/cpp_ps_server) started with ``args``, when
     EMBSTORE_CPP_PS_SERVER names its binary (CI builds it; .ci/run); yields its target."""
-    binary = os.environ.get("EMBSTORE_CPP_PS_SERVER")
-    if not binary:
-        pytest.skip("EMBSTORE_CPP_PS_SERVER is not set (the C++ example server is not built)")
-    proc = subprocess.Popen([binary, "--port", "0", *args], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [_cpp_binary(), "--port", "0", *args], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # "...: 2 tables on 127.0.0.1:PORT"
@@ -578,6 +585,7 @@ def test_cpp_server_save_and_delta_hold_the_rows_it_served(tmp_path: Path) -> No
     for bit to an in-process group fed the same batches; save_delta writes the Python
     server's delta layout (tNNN.delta + DELTAS.json) that Table.load chains onto it; every
     file reads with embstore.checkpoint.read; paths are confined to --checkpoint-dir."""
+    _cpp_binary()
     root = tmp_path / "ckpt"
     direct = _cpp_twin()
     rng = np.random.default_rng(5)
@@ -648,6 +656,7 @@ def test_cpp_server_save_under_concurrent_pushes_is_one_instant(tmp_path: Path) 
     some count c_s of that stream's pushes (no torn push), the counts are one instant (push
     c_s of every stream sent before push c_s + 1 of any returned), and the live rows at the
     end hold every push."""
+    _cpp_binary()
     streams, pushes, keys_per = 3, 30, 48
     keys = [np.arange(s * 1000, s * 1000 + keys_per, dtype=np.uint64) for s in range(streams)]
     off = np.arange(keys_per + 1, dtype=np.int64)  # one id per bag: pooled row == the row
