@@ -25,7 +25,7 @@ pytest.importorskip("grpc", reason="grpcio absent (pip install 'embstore[ps]')")
 pytest.importorskip("grpc_tools", reason="grpcio-tools absent (pip install 'embstore[ps]')")
 
 import grpc
-from helpers import group_export
+from helpers import group_export, sorted_export
 
 import embstore
 from embstore import ps
@@ -455,17 +455,20 @@ def test_load_client_smoke(tmp_path: Path) -> None:
     assert results["open"][0]["ops"]["Step"]["count"] > 0
 
 
-@pytest.fixture
-def cpp_server() -> Iterator[str]:
-    """The C++ example server (examples/cpp_ps_server), when EMBSTORE_CPP_PS_SERVER names
-    its binary (CI builds it; .ci/run)."""
+def _cpp_binary() -> str:
+    """The C++ server's binary, or skip (call it before building anything to close)."""
     binary = os.environ.get("EMBSTORE_CPP_PS_SERVER")
     if not binary:
         pytest.skip("EMBSTORE_CPP_PS_SERVER is not set (the C++ example server is not built)")
+    return binary
+
+
+@contextlib.contextmanager
+def _cpp_serving(*args: str) -> Iterator[str]:
+    """The C++ example server (examples/cpp_ps_server) started with ``args``, when
+    EMBSTORE_CPP_PS_SERVER names its binary (CI builds it; .ci/run); yields its target."""
     proc = subprocess.Popen(
-        [binary, "--port", "0", "--tables", "user,item", "--dim", "8", "--capacity", "4096"],
-        stdout=subprocess.PIPE,
-        text=True,
+        [_cpp_binary(), "--port", "0", *args], stdout=subprocess.PIPE, text=True
     )
     try:
         assert proc.stdout is not None
@@ -478,10 +481,18 @@ def cpp_server() -> Iterator[str]:
             proc.stdout.close()
 
 
-def test_cpp_server_rows_match_direct_calls_bit_for_bit(cpp_server: str) -> None:
-    """Pooled rows of lookups and the rows left by pushes, through the C++ server, equal the
-    same calls on an in-process TableGroup built like its tables."""
-    direct = embstore.TableGroup(
+_CPP_TABLES = ("--tables", "user,item", "--dim", "8", "--capacity", "4096")
+
+
+@pytest.fixture
+def cpp_server() -> Iterator[str]:
+    with _cpp_serving(*_CPP_TABLES) as target:
+        yield target
+
+
+def _cpp_twin(names: tuple[str, ...] = ("user", "item")) -> embstore.TableGroup:
+    """An in-process group built like the C++ server's tables (its defaults, D=8)."""
+    return embstore.TableGroup(
         {
             n: embstore.Table(
                 dim=8,
@@ -489,9 +500,15 @@ def test_cpp_server_rows_match_direct_calls_bit_for_bit(cpp_server: str) -> None
                 optimizer=embstore.Adagrad(lr=0.01),
                 initializer=embstore.Normal(std=0.01, seed=0),
             )
-            for n in ("user", "item")
+            for n in names
         }
     )
+
+
+def test_cpp_server_rows_match_direct_calls_bit_for_bit(cpp_server: str) -> None:
+    """Pooled rows of lookups and the rows left by pushes, through the C++ server, equal the
+    same calls on an in-process TableGroup built like its tables."""
+    direct = _cpp_twin()
     rng = np.random.default_rng(11)
     seen: dict[str, list[np.ndarray]] = {"user": [], "item": []}
     with ps.Client(cpp_server, timeout=60) as client:
@@ -532,6 +549,175 @@ def test_cpp_server_rows_match_direct_calls_bit_for_bit(cpp_server: str) -> None
                 direct.lookup_sum(arg)
             with pytest.raises(type(expected.value)):
                 client.lookup_sum(arg)
+
+
+def _cpp_steps(
+    client: ps.Client, direct: embstore.TableGroup, rng: np.random.Generator, steps: int
+) -> None:
+    """The same lookups and pushes through the C++ server and on ``direct``; pooled rows
+    must agree bit for bit."""
+    for step in range(steps):
+        features = {n: _batch(rng, int(rng.integers(1, 40)), 300) for n in direct.names}
+        mode = "mean" if step % 2 else "sum"
+        got = client.lookup_sum(features, mode=mode)
+        want = direct.lookup_sum(features, mode=mode)
+        for name in features:
+            assert np.array_equal(_bits(got[name]), _bits(want[name]))
+        grads = {
+            n: (k, off, rng.standard_normal((off.shape[0] - 1, 8)).astype(np.float32))
+            for n, (k, off) in features.items()
+        }
+        client.apply_gradients(grads, mode=mode)
+        direct.apply_gradients(grads, mode=mode)
+
+
+def _assert_file_holds(path: Path, want: dict[str, np.ndarray]) -> None:
+    """embstore.checkpoint.read reads ``path`` and finds ``want``'s rows, bit for bit."""
+    got = embstore.checkpoint.read(path)
+    order = np.argsort(got["ids"], kind="stable")
+    assert np.array_equal(got["ids"][order], want["ids"])
+    for key in want.keys() & got.keys() - {"ids"}:
+        assert np.array_equal(got[key][order].view(np.uint8), want[key].view(np.uint8)), key
+
+
+def test_cpp_server_save_and_delta_hold_the_rows_it_served(tmp_path: Path) -> None:
+    """Save through the C++ server writes a group checkpoint TableGroup.load reads, equal bit
+    for bit to an in-process group fed the same batches; save_delta writes the Python
+    server's delta layout (tNNN.delta + DELTAS.json) that Table.load chains onto it; every
+    file reads with embstore.checkpoint.read; paths are confined to --checkpoint-dir."""
+    _cpp_binary()
+    root = tmp_path / "ckpt"
+    direct = _cpp_twin()
+    rng = np.random.default_rng(5)
+    with _cpp_serving(*_CPP_TABLES, "--checkpoint-dir", str(root)) as target:
+        client = ps.Client(target, timeout=60)
+        _cpp_steps(client, direct, rng, 6)
+        with pytest.raises(Exception) as expected:  # noqa: PT011  (the store decides)
+            direct["user"].save_delta(tmp_path / "no-base.delta")
+        with pytest.raises(type(expected.value)):
+            client.save_delta("d0")  # no full save yet
+        client.save("full")
+        at_full = _rows(direct)
+        _assert_same_rows(_rows(embstore.TableGroup.load(root / "full")), at_full)
+        _cpp_steps(client, direct, rng, 5)
+        client.save_delta("d1")
+        for bad in ("../escape", str(tmp_path / "elsewhere"), "full/../../x"):
+            with pytest.raises(ValueError, match="outside the server's checkpoint"):
+                client.save(bad)
+        client.close()
+    assert not (tmp_path / "escape").exists()
+    assert not (tmp_path / "elsewhere").exists()
+    manifest = json.loads((root / "full" / "MANIFEST.json").read_text())["body"]
+    deltas = json.loads((root / "d1" / "DELTAS.json").read_text())
+    assert deltas["format"] == "embstore.ps.deltas"
+    assert deltas["order"] == ["user", "item"]
+    assert deltas["files"] == {"user": "t000.delta", "item": "t001.delta"}
+    want = _rows(direct)
+    for name in direct.names:
+        base = root / "full" / manifest["tables"][name]["file"]
+        delta = root / "d1" / deltas["files"][name]
+        _assert_file_holds(base, at_full[name])
+        assert embstore.checkpoint.read(delta)["removed"].shape == (0,)
+        loaded = embstore.Table.load(base, deltas=[delta])
+        _assert_same_rows({name: sorted_export(loaded)}, {name: want[name]})
+        loaded.close()
+    _close(direct)
+    # A server started on a directory holding a group checkpoint serves its rows.
+    with _cpp_serving(*_CPP_TABLES, "--checkpoint-dir", str(root / "full")) as target:
+        restarted = ps.Client(target, timeout=60)
+        for name, rows in at_full.items():
+            one = (rows["ids"], np.arange(rows["ids"].shape[0] + 1, dtype=np.int64))
+            got = restarted.lookup_sum({name: one}, insert=False)[name]
+            assert np.array_equal(_bits(got), _bits(rows["values"])), name
+        restarted.close()
+
+
+def test_cpp_server_save_without_checkpoint_dir(cpp_server: str, tmp_path: Path) -> None:
+    """Without --checkpoint-dir a Save names its directory (any path); an empty one is a
+    ValueError, and a file in the way an OSError, with the store unchanged."""
+    (tmp_path / "file").write_text("x")
+    with ps.Client(cpp_server, timeout=60) as client:
+        client.lookup_sum({"user": (_K, _OFF)})
+        with pytest.raises(ValueError, match="--checkpoint-dir"):
+            client.save("")
+        with pytest.raises(OSError, match=r"(?i)not a directory"):
+            client.save(tmp_path / "file" / "sub")
+        client.save(tmp_path / "plain")
+        before = client.lookup_sum({"user": (_K, _OFF)}, insert=False)["user"]
+    saved = embstore.TableGroup.load(tmp_path / "plain")
+    assert sorted(saved.names) == ["item", "user"]
+    assert np.array_equal(_bits(saved.lookup_sum({"user": (_K, _OFF)})["user"]), _bits(before))
+    _close(saved)
+
+
+def test_cpp_server_save_under_concurrent_pushes_is_one_instant(tmp_path: Path) -> None:
+    """S streams push a fixed gradient to their own key set while lookups run and a Save
+    lands in the middle. Each stream's rows in the file equal an in-process replica's after
+    some count c_s of that stream's pushes (no torn push), the counts are one instant (push
+    c_s of every stream sent before push c_s + 1 of any returned), and the live rows at the
+    end hold every push."""
+    _cpp_binary()
+    streams, pushes, keys_per = 3, 30, 48
+    keys = [np.arange(s * 1000, s * 1000 + keys_per, dtype=np.uint64) for s in range(streams)]
+    off = np.arange(keys_per + 1, dtype=np.int64)  # one id per bag: pooled row == the row
+    grads = [np.full((keys_per, 8), 0.1 * (s + 1), np.float32) for s in range(streams)]
+    replica = _cpp_twin(("t",))
+    after: list[list[np.ndarray]] = []  # after[s][c]: stream s's rows after c pushes
+    for s in range(streams):
+        after.append([replica.lookup_sum({"t": (keys[s], off)})["t"]])
+        for _ in range(pushes):
+            replica.apply_gradients({"t": (keys[s], off, grads[s])})
+            after[s].append(replica.lookup_sum({"t": (keys[s], off)}, insert=False)["t"])
+    _close(replica)
+    times: list[list[tuple[int, int]]] = [[] for _ in range(streams)]
+    started = threading.Barrier(streams + 2)
+    args = ("--tables", "t", "--dim", "8", "--capacity", "4096", "--pollers", "6")
+    with _cpp_serving(*args) as target:
+
+        def push(s: int) -> None:
+            with ps.Client(target, timeout=60) as c:
+                c.lookup_sum({"t": (keys[s], off)})  # rows exist before the first push
+                started.wait()
+                for _ in range(pushes):
+                    t0 = time.monotonic_ns()
+                    c.apply_gradients({"t": (keys[s], off, grads[s])})
+                    times[s].append((t0, time.monotonic_ns()))
+
+        def lookups() -> None:
+            every = np.concatenate(keys)
+            with ps.Client(target, timeout=60) as c:
+                started.wait()
+                for _ in range(pushes):
+                    c.lookup_sum({"t": (every, np.array([0, every.shape[0]]))}, insert=False)
+
+        threads = [threading.Thread(target=push, args=(s,)) for s in range(streams)]
+        threads.append(threading.Thread(target=lookups))
+        for th in threads:
+            th.start()
+        started.wait()
+        with ps.Client(target, timeout=60) as c:
+            deadline = time.monotonic() + 60
+            while min(len(t) for t in times) < pushes // 4 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            c.save(tmp_path / "mid")
+            for th in threads:
+                th.join(timeout=120)
+            for s in range(streams):  # nothing lost
+                live = c.lookup_sum({"t": (keys[s], off)}, insert=False)["t"]
+                assert np.array_equal(_bits(live), _bits(after[s][pushes])), s
+    saved = _rows(embstore.TableGroup.load(tmp_path / "mid"))["t"]
+    counts = []
+    for s in range(streams):
+        mine = (saved["ids"] >= s * 1000) & (saved["ids"] < s * 1000 + keys_per)
+        rows = _bits(saved["values"][mine])  # ids ascending, like keys[s]
+        match = [c for c in range(pushes + 1) if np.array_equal(rows, _bits(after[s][c]))]
+        assert match, f"stream {s}: the checkpoint holds no count of pushes (a torn push)"
+        counts.append(match[0])
+    latest_send = max(times[s][c - 1][0] for s, c in enumerate(counts) if c > 0)
+    earliest_next_return = min(
+        (times[s][c][1] for s, c in enumerate(counts) if c < pushes), default=2**63
+    )
+    assert latest_send < earliest_next_return, counts
 
 
 @pytest.fixture(scope="module")

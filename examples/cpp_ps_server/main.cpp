@@ -2,9 +2,12 @@
 //
 //   embstore_ps_server [--host 127.0.0.1] [--port 50051] [--tables t0,...,t7] [--dim 32]
 //                      [--capacity 131072] [--lr 0.01] [--core-threads 0] [--pollers 4]
+//                      [--checkpoint-dir DIR]
 //
 // Tables as examples/ps/tables.json describes them (Adagrad, lr 0.01, eps 1e-8; Normal
-// initializer, std 0.01, seed 0, like embstore.Table's defaults). Stops on SIGINT/SIGTERM.
+// initializer, std 0.01, seed 0, like embstore.Table's defaults), or, when DIR holds a group
+// checkpoint (MANIFEST.json), the tables loaded from it. Save requests write below DIR.
+// Stops on SIGINT/SIGTERM.
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>    // std::atomic
@@ -13,12 +16,16 @@
 #include <cstdio>    // std::printf, std::fprintf
 #include <cstdlib>   // std::strtod, std::strtoull
 #include <cstring>   // std::strcmp
+#include <exception>  // std::exception
+#include <filesystem>  // std::filesystem
 #include <memory>    // std::unique_ptr, std::make_unique
 #include <sstream>   // std::stringstream
 #include <string>    // std::string
 #include <thread>    // std::this_thread::sleep_for
+#include <utility>   // std::move
 #include <vector>    // std::vector
 
+#include "embstore/checkpoint.hpp"  // embstore::load_group
 #include "service.hpp"
 
 namespace {
@@ -34,6 +41,7 @@ struct Options {
   float lr = 0.01f;
   size_t core_threads = 0;  // 0: the machine's hardware threads
   int pollers = 4;          // gRPC sync-server threads polling for calls (at most)
+  std::string checkpoint_dir;  // "": Save writes where the request says
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -64,6 +72,8 @@ bool parse(int argc, char** argv, Options* o) {
       o->core_threads = std::strtoull(value.c_str(), nullptr, 10);
     else if (flag == "--pollers")
       o->pollers = std::atoi(value.c_str());
+    else if (flag == "--checkpoint-dir")
+      o->checkpoint_dir = std::filesystem::absolute(value).lexically_normal().string();
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return false;
@@ -78,6 +88,15 @@ bool parse(int argc, char** argv, Options* o) {
 
 std::vector<embstore_ps::NamedTable> make_tables(const Options& o) {
   std::vector<embstore_ps::NamedTable> tables;
+  if (!o.checkpoint_dir.empty() &&
+      std::filesystem::exists(std::filesystem::path(o.checkpoint_dir) / "MANIFEST.json")) {
+    embstore::LoadOptions options;
+    if (o.core_threads > 0) options.num_threads = o.core_threads;
+    for (auto& [name, loaded] : embstore::load_group(o.checkpoint_dir, options)) {
+      tables.emplace_back(name, std::move(loaded.table));
+    }
+    return tables;
+  }
   for (const auto& name : o.tables) {
     embstore::TableConfig cfg;
     cfg.dim = o.dim;
@@ -98,11 +117,19 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, &o)) {
     std::fprintf(stderr,
                  "usage: %s [--host H] [--port P] [--tables a,b] [--dim D] "
-                 "[--capacity N] [--lr LR] [--core-threads N] [--pollers N]\n",
+                 "[--capacity N] [--lr LR] [--core-threads N] [--pollers N] "
+                 "[--checkpoint-dir DIR]\n",
                  argv[0]);
     return 2;
   }
-  embstore_ps::Service service(make_tables(o));
+  std::vector<embstore_ps::NamedTable> tables;
+  try {
+    tables = make_tables(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cannot load %s: %s\n", o.checkpoint_dir.c_str(), e.what());
+    return 1;
+  }
+  embstore_ps::Service service(std::move(tables), o.checkpoint_dir);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(o.host + ":" + std::to_string(o.port), grpc::InsecureServerCredentials(),
@@ -116,7 +143,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "could not listen on %s:%d\n", o.host.c_str(), o.port);
     return 1;
   }
-  std::printf("embstore_ps_server: %zu tables on %s:%d\n", o.tables.size(), o.host.c_str(), port);
+  std::printf("embstore_ps_server: %zu tables on %s:%d\n", service.num_tables(), o.host.c_str(),
+              port);
   std::fflush(stdout);
   std::signal(SIGINT, [](int) { g_stop = true; });
   std::signal(SIGTERM, [](int) { g_stop = true; });

@@ -1,14 +1,18 @@
 #include "service.hpp"
 
+#include <cerrno>     // ENOENT, EACCES, EPERM
 #include <chrono>     // std::chrono::steady_clock
 #include <cstdint>    // uint64_t, int64_t
 #include <cstring>    // std::memcpy
 #include <stdexcept>  // std::invalid_argument
 #include <string>     // std::string
+#include <system_error>   // std::system_error
 #include <unordered_set>  // std::unordered_set
 
-#include "embstore/errors.hpp"        // embstore::CapacityError
+#include "embstore/checkpoint.hpp"    // embstore::save_group
+#include "embstore/errors.hpp"        // embstore::CapacityError, CheckpointError
 #include "embstore/scoped_timer.hpp"  // embstore::metrics::histogram, ScopedTimer
+#include "save.hpp"                   // save_directory, save_group_delta
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian");
 
@@ -128,6 +132,17 @@ grpc::Status guarded(grpc::ServerContext* ctx, F&& body) {
     kind = "CapacityError";
     code = grpc::StatusCode::FAILED_PRECONDITION;
     message = e.what();
+  } catch (const embstore::CheckpointError& e) {
+    kind = "CheckpointError";
+    code = grpc::StatusCode::FAILED_PRECONDITION;
+    message = e.what();
+  } catch (const std::system_error& e) {  // I/O: the Python server's OSError family
+    const int err = e.code().value();
+    kind = err == ENOENT                   ? "FileNotFoundError"
+           : err == EACCES || err == EPERM ? "PermissionError"
+                                           : "OSError";
+    code = grpc::StatusCode::FAILED_PRECONDITION;
+    message = e.what();
   } catch (const std::exception& e) {
     kind = "RuntimeError";
     code = grpc::StatusCode::INTERNAL;
@@ -156,7 +171,8 @@ void add_histogram(embstore::ps::StatsResponse* resp, const std::string& layer,
 
 }  // namespace
 
-Service::Service(std::vector<NamedTable> tables) : tables_(std::move(tables)) {}
+Service::Service(std::vector<NamedTable> tables, std::string checkpoint_dir)
+    : tables_(std::move(tables)), checkpoint_dir_(std::move(checkpoint_dir)) {}
 
 embstore::Table& Service::find(const std::string& name) const {
   for (const auto& [n, t] : tables_) {
@@ -228,12 +244,21 @@ grpc::Status Service::PushGrad(grpc::ServerContext* ctx, const embstore::ps::Pus
   });
 }
 
-grpc::Status Service::Save(grpc::ServerContext* /*ctx*/, const embstore::ps::SaveRequest*,
-                           embstore::ps::SaveResponse*) {
-  // The checkpoint file format's writer lives in the Python package (embstore/_persist.py);
-  // the core only provides the point-in-time Snapshot it streams from.
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      "Save: the C++ example server has no checkpoint writer yet");
+grpc::Status Service::Save(grpc::ServerContext* ctx, const embstore::ps::SaveRequest* req,
+                           embstore::ps::SaveResponse* /*resp*/) {
+  static embstore::LatencyHistogram& handle = embstore::metrics::histogram("server.Save.Handle");
+  return guarded(ctx, [&] {
+    ScopedTimer timed(handle);
+    const std::string directory = save_directory(checkpoint_dir_, req->dir());
+    // Each table's snapshot is point-in-time: Lookups and PushGrads go on meanwhile.
+    if (req->delta()) {
+      save_group_delta(tables_, directory);
+      return;
+    }
+    std::vector<std::pair<std::string, embstore::Table*>> group;
+    for (const auto& [name, table] : tables_) group.emplace_back(name, table.get());
+    embstore::save_group(group, directory);
+  });
 }
 
 grpc::Status Service::Stats(grpc::ServerContext* /*ctx*/, const embstore::ps::StatsRequest*,

@@ -5,6 +5,7 @@
 // all tables of the batch, and has the core write pooled rows straight into the reply's
 // bytes. Errors come back as the Python server's do: INVALID_ARGUMENT or
 // FAILED_PRECONDITION with the store's message, the Python type in "embstore-error".
+// Save writes through the core's checkpoint writer (save.hpp) while calls go on.
 #pragma once
 
 #include <memory>   // std::unique_ptr
@@ -21,7 +22,11 @@ using NamedTable = std::pair<std::string, std::unique_ptr<embstore::Table>>;
 
 class Service final : public embstore::ps::EmbeddingPS::Service {
  public:
-  explicit Service(std::vector<NamedTable> tables);
+  // checkpoint_dir: Save writes below it (absolute, normalised); "" lets a request name any
+  // directory.
+  explicit Service(std::vector<NamedTable> tables, std::string checkpoint_dir = "");
+
+  size_t num_tables() const { return tables_.size(); }
 
   grpc::Status Lookup(grpc::ServerContext* ctx, const embstore::ps::LookupRequest* req,
                       embstore::ps::LookupResponse* resp) override;
@@ -37,6 +42,7 @@ class Service final : public embstore::ps::EmbeddingPS::Service {
  private:
   embstore::Table& find(const std::string& name) const;  // throws UnknownTable
   std::vector<NamedTable> tables_;
+  std::string checkpoint_dir_;
 };
 
 }  // namespace embstore_ps
