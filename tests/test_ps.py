@@ -32,7 +32,9 @@ from embstore import ps
 from embstore.ps._proto import SERVICE, messages
 from embstore.ps.config import group_from_config
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+# Where this process imports embstore from (the installed package, or src/ in a dev loop):
+# subprocesses must import the same build.
+SRC = str(Path(embstore.__file__).resolve().parents[1])
 DIMS = {"user": 4, "item": 8}
 
 
