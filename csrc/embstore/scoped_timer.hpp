@@ -27,29 +27,13 @@ std::vector<std::pair<std::string, HistogramSnapshot>> snapshot_all();
 // Clear every named histogram (a new window, like the tables' reset_timers).
 void reset_all() noexcept;
 
-// Times a scope into a named histogram when metrics are enabled.
-class ScopedTimer {
+// Times a scope into a named histogram when metrics are enabled (embstore::ScopedTimer,
+// also given a histogram by name).
+class ScopedTimer : public embstore::ScopedTimer {
  public:
-  explicit ScopedTimer(LatencyHistogram& h) noexcept
-      : histogram_(metrics_enabled() ? &h : nullptr),
-        start_(histogram_ != nullptr ? std::chrono::steady_clock::now()
-                                     : std::chrono::steady_clock::time_point{}) {}
+  explicit ScopedTimer(LatencyHistogram& h) noexcept : embstore::ScopedTimer(&h) {}
   // Looks the name up on every construction: cache histogram(name) on hot paths.
   explicit ScopedTimer(const std::string& name) : ScopedTimer(histogram(name)) {}
-  ~ScopedTimer() {
-    if (histogram_ != nullptr) {
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now() - start_)
-                          .count();
-      histogram_->record(static_cast<uint64_t>(ns));
-    }
-  }
-  ScopedTimer(const ScopedTimer&) = delete;
-  ScopedTimer& operator=(const ScopedTimer&) = delete;
-
- private:
-  LatencyHistogram* histogram_;
-  std::chrono::steady_clock::time_point start_;
 };
 
 }  // namespace embstore::metrics

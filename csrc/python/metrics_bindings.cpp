@@ -20,6 +20,7 @@
 #include "embstore/table.hpp"         // Table::timers
 
 #include "python/bindings.hpp"  // bind_* declarations
+#include "python/latency.hpp"   // summary_dict
 
 namespace py = pybind11;
 using embstore::HistogramSnapshot;
@@ -87,15 +88,7 @@ class PyHistogram {
 };
 
 py::dict summarize(const HistogramSnapshot& before, const HistogramSnapshot& now) {
-  const embstore::LatencySummary l = LatencyHistogram::summarize(before, now);
-  py::dict e;
-  e["count"] = l.count;
-  e["p50_us"] = l.p50_us;
-  e["p95_us"] = l.p95_us;
-  e["p99_us"] = l.p99_us;
-  e["max_us"] = l.max_us;
-  e["mean_us"] = l.mean_us;
-  return e;
+  return embstore_py::summary_dict(LatencyHistogram::summarize(before, now));
 }
 
 std::vector<std::pair<std::string, HistogramSnapshot>> table_histograms(const embstore::Table& t) {
