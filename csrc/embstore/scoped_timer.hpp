@@ -7,7 +7,6 @@
 // lock-free LatencyHistogram the tables use; only the first lookup of a name takes a lock.
 #pragma once
 
-#include <chrono>   // std::chrono::steady_clock
 #include <cstdint>  // uint64_t
 #include <string>   // std::string
 #include <utility>  // std::pair
