@@ -17,6 +17,7 @@
 #include "embstore/hash.hpp"                   // mix64
 #include "embstore/internal/batch_common.hpp"  // Workspace, TaskSpace, StageClock
 #include "embstore/internal/batch_runner.hpp"  // BatchRunner
+#include "embstore/internal/float_env.hpp"     // DenormalScope
 #include "embstore/internal/tuning.hpp"        // kIdsPerReadTask, kBagsPerPoolTask
 #include "embstore/table.hpp"                  // lookup_sum_many, apply_gradients_many
 #include "embstore/thread_pool.hpp"            // ThreadPool
@@ -393,11 +394,14 @@ class BatchRunner::ApplyBatch {
   std::vector<float> lrs_;
 };
 
+// Both guard the caller's FTZ/DAZ modes (float_env.hpp); the pool's helpers clear theirs.
 void lookup_sum_many(std::vector<LookupSumRequest>& requests, Timer op) {
+  const detail::DenormalScope ieee;
   BatchRunner::LookupBatch(requests).run(op);
 }
 
 void apply_gradients_many(std::vector<ApplyRequest>& requests, Timer op) {
+  const detail::DenormalScope ieee;
   BatchRunner::ApplyBatch(requests).run(op);
 }
 

@@ -15,6 +15,7 @@
 #include "embstore/internal/checkpoint_file.hpp"    // FileWriter, write_atomic
 #include "embstore/internal/checkpoint_header.hpp"  // make_header, new_checkpoint_id
 #include "embstore/internal/crc32.hpp"              // crc32
+#include "embstore/internal/float_env.hpp"          // DenormalScope
 #include "embstore/snapshot.hpp"                    // Snapshot
 
 namespace embstore {
@@ -162,6 +163,9 @@ bool is_temporary_file(const std::string& s) {
 }
 
 std::string save_impl(Table& table, const std::string& path, const TableLabel& label, bool delta) {
+  // The header's float settings go through std::to_chars, which writes a denormal as 0
+  // under DAZ. Threads started in this scope inherit the cleared modes.
+  const detail::DenormalScope ieee;
   Snapshot snap(table, delta ? SnapshotMode::kDelta : SnapshotMode::kFull);
   if (delta && snap.parent_id().empty()) {
     throw CheckpointError(path +
@@ -202,6 +206,7 @@ std::function<bool(uint64_t)> keep_route(uint64_t salt, uint32_t num_shards, uin
 
 void save_group(const std::vector<std::pair<std::string, Table*>>& tables,
                 const std::string& directory, const std::vector<TableLabel>& labels) {
+  const detail::DenormalScope ieee;  // as save_impl
   namespace fs = std::filesystem;
   if (!labels.empty() && labels.size() != tables.size()) {
     throw std::invalid_argument("save_group: labels must be empty or one per table");

@@ -17,6 +17,7 @@
 #include "embstore/internal/checkpoint_file.hpp"    // FileReader, SectionInfo
 #include "embstore/internal/checkpoint_header.hpp"  // parse_header, SavedTable
 #include "embstore/internal/crc32.hpp"              // crc32
+#include "embstore/internal/float_env.hpp"          // DenormalScope
 #include "embstore/internal/json.hpp"               // Json
 
 namespace embstore {
@@ -293,6 +294,9 @@ size_t import_file(FileReader& r, const std::vector<uint8_t>* mask, const LoadOp
 
 LoadedTable load(const std::string& path, const std::vector<std::string>& deltas,
                  const LoadOptions& o) {
+  // The header's doubles become the table's float settings: FTZ would flush a denormal.
+  // Threads started in this scope inherit the cleared modes.
+  const detail::DenormalScope ieee;
   const auto start = std::chrono::steady_clock::now();
   Readers readers;
   std::vector<SavedTable> configs;
@@ -360,6 +364,7 @@ std::string read_header(const std::string& path) {
 
 std::vector<std::pair<std::string, LoadedTable>> load_group(const std::string& directory,
                                                             const LoadOptions& options) {
+  const detail::DenormalScope ieee;  // as load
   const std::string mpath = directory + "/MANIFEST.json";
   std::ifstream in(mpath, std::ios::binary);
   if (!in) throw std::system_error(errno, std::generic_category(), mpath + ": cannot open");

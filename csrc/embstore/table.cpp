@@ -12,6 +12,7 @@
 #include "embstore/initializer.hpp"            // initial_row
 #include "embstore/internal/batch_common.hpp"  // workspace, rotation, choose_workers
 #include "embstore/internal/batch_runner.hpp"  // BatchRunner::plan
+#include "embstore/internal/float_env.hpp"     // DenormalScope
 #include "embstore/internal/fork_guard.hpp"    // ForkGuard
 #include "embstore/internal/tuning.hpp"        // kMaxShards
 #include "embstore/optimizer.hpp"              // state_width, init_state
@@ -198,6 +199,7 @@ size_t Table::state_width() const noexcept {
 }
 
 void Table::set_lr(float lr) {
+  const detail::DenormalScope ieee;  // DAZ would take a denormal lr for 0
   if (!(lr > 0.0f) || !std::isfinite(lr)) {
     throw std::invalid_argument("lr must be a positive finite number, got " + std::to_string(lr));
   }
@@ -434,6 +436,7 @@ size_t Table::drain_evicted(RemovedRows& out) {
 }
 
 void Table::initial_values(const uint64_t* keys, size_t n, float* out) const {
+  const detail::DenormalScope ieee;  // the caller's FTZ/DAZ modes (float_env.hpp)
   const size_t chunk = 1024;
   ThreadPool::global().run(
       (n + chunk - 1) / chunk, choose_workers(n, config_.num_threads), [&](size_t task) {

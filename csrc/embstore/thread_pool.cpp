@@ -8,6 +8,8 @@
 
 #include <pthread.h>  // pthread_atfork
 
+#include "embstore/internal/float_env.hpp"  // clear_denormal_modes
+
 namespace embstore {
 
 struct ThreadPool::Job {
@@ -137,6 +139,8 @@ void ThreadPool::work_on(Job& job) noexcept {
 }
 
 void ThreadPool::helper_loop() {
+  // A new thread inherits its creator's MXCSR: drop FTZ/DAZ (float_env.hpp) once, here.
+  detail::clear_denormal_modes();
   std::unique_lock<std::mutex> lock(mutex_);
   uint64_t seen = prewakes_;
   for (;;) {
