@@ -239,4 +239,7 @@ class RayBackend:
         for actor in self.actors:
             with contextlib.suppress(Exception):  # already gone
                 ray.kill(actor, no_restart=True)
+        if self.meta["name"] is not None:  # the names are free once close returns
+            for k in range(len(self.actors)):
+                _wait_name_free(f"{self.meta['name']}.shard{k}")
         self.actors = []
