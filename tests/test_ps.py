@@ -446,6 +446,9 @@ def test_load_client_smoke(tmp_path: Path) -> None:
             assert row["ops"][op]["errors"] == 0
             assert row["inproc"][op]["count"] > 0
         assert row["empty_rpc"]["count"] > 0
+        for op in ("Lookup", "PushGrad"):
+            assert row["bytes_rpc"][op]["count"] > 0
+            assert row["bytes_rpc"][op]["errors"] == 0
         names = {(h["layer"], h["name"]) for h in row["layers"]}
         assert {
             ("server", "Lookup.Handle"),
@@ -455,6 +458,18 @@ def test_load_client_smoke(tmp_path: Path) -> None:
         } <= names
     assert results["open"]
     assert results["open"][0]["ops"]["Step"]["count"] > 0
+    # The transport floors move the ops' own bytes: 2 tables x 256 bags x D=8 floats down.
+    assert results["bytes"]["Lookup"]["down"] >= 2 * 256 * 8 * 4
+    assert results["bytes"]["PushGrad"]["up"] > results["bytes"]["Lookup"]["up"]
+
+
+def test_ping_moves_the_bytes_asked_for(served: tuple[embstore.TableGroup, ps.Client]) -> None:
+    _, client = served
+    reply = client._calls["Ping"](messages["PingRequest"](payload=b"x" * 1000, reply_bytes=4096))
+    assert reply.payload == bytes(4096)
+    client.ping(b"y" * 10, reply_bytes=0)
+    with pytest.raises(ValueError, match="reply_bytes must be in"):
+        client.ping(reply_bytes=-1)
 
 
 def _cpp_binary() -> str:

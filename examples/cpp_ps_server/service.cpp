@@ -289,8 +289,12 @@ grpc::Status Service::Stats(grpc::ServerContext* /*ctx*/, const embstore::ps::St
   return grpc::Status::OK;
 }
 
-grpc::Status Service::Ping(grpc::ServerContext*, const embstore::ps::PingRequest*,
-                           embstore::ps::PingResponse*) {
+grpc::Status Service::Ping(grpc::ServerContext*, const embstore::ps::PingRequest* req,
+                           embstore::ps::PingResponse* resp) {
+  constexpr int64_t kMaxReply = int64_t{128} << 20;  // below the 256 MiB message limit
+  if (req->reply_bytes() < 0 || req->reply_bytes() > kMaxReply)
+    return {grpc::StatusCode::INVALID_ARGUMENT, "reply_bytes must be in [0, 128 MiB]"};
+  resp->mutable_payload()->resize(static_cast<size_t>(req->reply_bytes()));
   return grpc::Status::OK;
 }
 

@@ -1,8 +1,8 @@
 """A client of the reference PS with TableGroup's call shapes and errors.
 
 Arguments are checked here with TableGroup's own checks (the server checks again: other
-clients exist); the arrays cross as bytes, one ``tobytes`` each, and pooled rows come
-back as read-only ``np.frombuffer`` views of the reply (no copy). Each call is timed
+clients exist); a request is written in one copy of its arrays, and pooled rows come back
+as read-only ``np.frombuffer`` views of the reply (no copy; see ``_wire``). Each call is timed
 (``client.<Op>.{Total,Encode,RPC,Decode}``).
 """
 
@@ -21,7 +21,7 @@ import numpy.typing as npt
 from embstore import _arrays, _core
 from embstore._layers import Timer
 from embstore.checkpoint import CheckpointError
-from embstore.ps import _codec
+from embstore.ps import _codec, _wire
 from embstore.ps._proto import SERVICE, messages
 from embstore.ps.server import DEFAULT_MAX_MESSAGE_BYTES, ERROR_KEY, channel_options
 
@@ -112,15 +112,16 @@ class Client:
         opts: list[tuple[str, Any]] = [*channel_options(max_message_bytes), *(options or [])]
         self._channel = grpc.insecure_channel(target, options=opts)
         m = messages
+        # Lookup and PushGrad travel as bytes written and read by _wire (no message copy).
         self._calls = {
             name: self._channel.unary_unary(
                 f"/{SERVICE}/{name}",
-                request_serializer=m[req].SerializeToString,
-                response_deserializer=m[resp].FromString,
+                request_serializer=None if req is None else m[req].SerializeToString,
+                response_deserializer=None if resp is None else m[resp].FromString,
             )
             for name, req, resp in (
-                ("Lookup", "LookupRequest", "LookupResponse"),
-                ("PushGrad", "PushGradRequest", "PushGradResponse"),
+                ("Lookup", None, None),
+                ("PushGrad", None, None),
                 ("Save", "SaveRequest", "SaveResponse"),
                 ("Stats", "StatsRequest", "StatsResponse"),
                 ("Ping", "PingRequest", "PingResponse"),
@@ -165,20 +166,14 @@ class Client:
         with t.total:
             with t.encode:
                 code = _arrays.mode_code(mode)
-                batches, bags = _codec.encode_lookup(features, self.dims, messages["TableBatch"])
-                request = messages["LookupRequest"](
-                    tables=batches,
-                    insert=bool(insert),
-                    mode=code,
-                    client_send_ns=time.monotonic_ns(),
+                tables, bags = _codec.encode_lookup(features, self.dims)
+                request = _wire.encode_lookup_request(
+                    tables, insert=bool(insert), mode=code, client_send_ns=time.monotonic_ns()
                 )
             with t.rpc:
                 reply = self._call("Lookup", request)
             with t.decode:
-                out = {}
-                for tb, n, raw, dim in zip(batches, bags, reply.pooled, reply.dims, strict=True):
-                    out[tb.table] = np.frombuffer(raw, dtype="<f4").reshape(n, dim)
-                return out
+                return _pooled(reply, tables, bags)
 
     def apply_gradients(self, grads: Mapping[str, tuple[Any, ...]], *, mode: str = "sum") -> None:
         """:meth:`TableGroup.apply_gradients <embstore.TableGroup.apply_gradients>` on the
@@ -187,9 +182,9 @@ class Client:
         with t.total:
             with t.encode:
                 code = _arrays.mode_code(mode)
-                batches = _codec.encode_grads(grads, self.dims, messages["TableBatch"])
-                request = messages["PushGradRequest"](
-                    tables=batches, mode=code, client_send_ns=time.monotonic_ns()
+                tables = _codec.encode_grads(grads, self.dims)
+                request = _wire.encode_push_request(
+                    tables, mode=code, client_send_ns=time.monotonic_ns()
                 )
             with t.rpc:
                 self._call("PushGrad", request)
@@ -224,9 +219,10 @@ class Client:
             for h in reply.histograms
         ]
 
-    def ping(self, payload: bytes = b"") -> None:
-        """An empty round trip (the transport floor)."""
-        self._call("Ping", messages["PingRequest"](payload=payload))
+    def ping(self, payload: bytes = b"", reply_bytes: int = 0) -> None:
+        """A round trip with no store work: ``payload`` up, ``reply_bytes`` zero bytes
+        down (the transport floor of a call that moves that many bytes)."""
+        self._call("Ping", messages["PingRequest"](payload=payload, reply_bytes=reply_bytes))
 
     def close(self) -> None:
         """Close the channel."""
@@ -237,6 +233,27 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _pooled(
+    reply: bytes, tables: list[_wire.TableArrays], bags: list[int]
+) -> dict[str, npt.NDArray[np.float32]]:
+    """The pooled rows of a Lookup reply, as read-only views of its bytes."""
+    try:
+        spans, dims = _wire.parse_lookup_response(reply)
+    except _wire.WireError as e:
+        msg = f"malformed Lookup reply: {e}"
+        raise PSError(msg) from None
+    if len(spans) != len(tables) or len(dims) != len(tables):
+        msg = f"Lookup reply has {len(spans)} tables, the request {len(tables)}"
+        raise PSError(msg)
+    out = {}
+    for t, n, (start, size), dim in zip(tables, bags, spans, dims, strict=True):
+        if size != n * dim * 4:
+            msg = f"Lookup reply for {t.table!r} is {size} bytes, not {n} bags x {dim} floats"
+            raise PSError(msg)
+        out[t.table] = np.frombuffer(reply, "<f4", n * dim, start).reshape(n, dim)
+    return out
 
 
 def _translate(e: Any) -> BaseException:

@@ -21,6 +21,7 @@ from embstore import _core
 from embstore._layers import Timer, split_name
 from embstore.bench.workload import EPS, LR, make_workload
 from embstore.group import TableGroup
+from embstore.ps import _codec, _wire
 from embstore.ps.client import Client, window
 
 __all__ = ["LoadConfig", "OpStats", "local_group", "make_batches", "run_load"]
@@ -218,6 +219,21 @@ def run_load(cfg: LoadConfig, log: Callable[[str], None] = print) -> dict[str, A
             c.close()
 
 
+def _op_sizes(
+    lookup: Features, push: Features, dims: dict[str, int]
+) -> dict[str, tuple[bytes, int]]:
+    """Ping arguments that move an op's bytes: its request's size up, its reply's down."""
+    tables, bags = _codec.encode_lookup(lookup, dims)
+    up = _wire.encode_lookup_request(tables, insert=True, mode=0, client_send_ns=1)
+    down = len(
+        _wire.encode_lookup_response(
+            [np.zeros((n, dims[t.table]), np.float32) for t, n in zip(tables, bags, strict=True)]
+        )
+    )
+    push_up = _wire.encode_push_request(_codec.encode_grads(push, dims), mode=0, client_send_ns=1)
+    return {"Lookup": (bytes(len(up)), down), "PushGrad": (bytes(len(push_up)), 0)}
+
+
 def _run(cfg: LoadConfig, clients: list[Client], log: Callable[[str], None]) -> dict[str, Any]:
     dims = clients[0].dims
     lookups, pushes = make_batches(dims, cfg)
@@ -226,12 +242,14 @@ def _run(cfg: LoadConfig, clients: list[Client], log: Callable[[str], None]) -> 
     for f in lookups:  # warm both stores with the same ids (insert on first sight)
         clients[0].lookup_sum(f)
         local.lookup_sum(f)
+    sizes = _op_sizes(lookups[0], pushes[0], dims)
     trainer_lookup = Timer("trainer.Lookup.Total")
     trainer_push = Timer("trainer.PushGrad.Total")
     results: dict[str, Any] = {
         "config": {k: v for k, v in vars(cfg).items()},
         "tables": dims,
         "ids_per_batch": ids_per_batch,
+        "bytes": {op: {"up": len(p), "down": n} for op, (p, n) in sizes.items()},
         "closed": [],
         "open": [],
     }
@@ -274,6 +292,15 @@ def _run(cfg: LoadConfig, clients: list[Client], log: Callable[[str], None]) -> 
         ping, psecs, _ = _closed(
             [("Ping", lambda s, _: clients[s].ping(), [None])], streams, cfg, min(cfg.duration, 2.0)
         )
+        moved, msecs, _ = _closed(
+            [
+                ("Lookup", lambda s, p: clients[s].ping(*p), [sizes["Lookup"]]),
+                ("PushGrad", lambda s, p: clients[s].ping(*p), [sizes["PushGrad"]]),
+            ],
+            streams,
+            cfg,
+            min(cfg.duration, 2.0),
+        )
         steps = min(len(remote["Lookup"].latencies), len(remote["PushGrad"].latencies))
         isteps = min(len(inproc["Lookup"].latencies), len(inproc["PushGrad"].latencies))
         row = {
@@ -285,6 +312,7 @@ def _run(cfg: LoadConfig, clients: list[Client], log: Callable[[str], None]) -> 
             "ops": {k: v.summary(secs, ids_per_batch) for k, v in remote.items()},
             "inproc": {k: v.summary(isecs, ids_per_batch) for k, v in inproc.items()},
             "empty_rpc": ping["Ping"].summary(psecs, 0),
+            "bytes_rpc": {k: v.summary(msecs, 0) for k, v in moved.items()},
             "layers": layers,
         }
         results["closed"].append(row)
@@ -328,6 +356,8 @@ def _closed_line(row: dict[str, Any]) -> str:
     for op, h in row["inproc"].items():
         lines.append(f"closed streams={s} variant=inproc op={op} {_fmt(h)}")
     lines.append(f"closed streams={s} variant=empty_rpc op=Ping {_fmt(row['empty_rpc'])}")
+    for op, h in row["bytes_rpc"].items():
+        lines.append(f"closed streams={s} variant=bytes_rpc op={op} {_fmt(h)}")
     first = next((h["table"] for h in row["layers"] if h["layer"] == "kv"), None)
     for h in row["layers"]:
         if h["layer"] == "kv" and h["table"] != first:

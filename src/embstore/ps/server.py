@@ -23,7 +23,7 @@ from embstore import _core
 from embstore._layers import Timer
 from embstore.checkpoint import CheckpointError
 from embstore.group import TableGroup
-from embstore.ps import _codec
+from embstore.ps import _codec, _wire
 from embstore.ps._proto import SERVICE, messages
 
 if TYPE_CHECKING:  # typing.Self needs Python 3.11
@@ -54,10 +54,10 @@ class _Timers:
         self.handle = Timer(f"server.{op}.Handle")
         self.encode = Timer(f"server.{op}.Encode")
 
-    def arrived(self, client_send_ns: int) -> None:
+    def arrived(self, client_send_ns: int, now_ns: int) -> None:
         # CLOCK_MONOTONIC is shared by processes of one host only: loopback clients.
         if client_send_ns > 0:
-            self.queue.record_ns(time.monotonic_ns() - client_send_ns)
+            self.queue.record_ns(now_ns - client_send_ns)
 
 
 def _message(e: BaseException) -> str:
@@ -67,26 +67,27 @@ def _message(e: BaseException) -> str:
 
 
 class _Service:
-    def __init__(self, group: TableGroup, checkpoint_dir: str | None) -> None:
+    def __init__(self, group: TableGroup, checkpoint_dir: str | None, max_reply: int) -> None:
         self.group = group
+        self.max_reply_bytes = max_reply // 2  # the payload plus framing must fit
         self.checkpoint_dir = None if checkpoint_dir is None else os.path.abspath(checkpoint_dir)
         self.lookup_timers = _Timers("Lookup")
         self.push_timers = _Timers("PushGrad")
 
-    def _decode(self, request: Any, with_grads: bool) -> dict[str, tuple[Any, ...]]:
+    def _decode(
+        self, tables: list[_wire.TableView], with_grads: bool
+    ) -> dict[str, tuple[Any, ...]]:
         out: dict[str, tuple[Any, ...]] = {}
-        for tb in request.tables:
+        for tb in tables:
             name = tb.table
             if name in out:
                 msg = f"features[{name!r}]: the table appears twice in one request"
                 raise ValueError(msg)
-            k = _codec.decode_array(tb.keys, "keys", name)
-            off = _codec.decode_array(tb.offsets, "offsets", name)
-            w = _codec.decode_array(tb.weights, "weights", name) if tb.weights else None
+            k, off, w = tb.keys, tb.offsets, tb.weights
             if not with_grads:
                 out[name] = (k, off) if w is None else (k, off, w)
                 continue
-            g = _codec.decode_array(tb.grads, "grads", name)
+            g = tb.grads
             table = self.group.get(name)
             bags = off.shape[0] - 1
             if table is not None and bags >= 0 and g.shape[0] == bags * table.dim:
@@ -101,30 +102,33 @@ class _Service:
         return _codec.MODES[code]
 
     def _arrived(
-        self, t: _Timers, request: Any, *, with_grads: bool
-    ) -> tuple[dict[str, tuple[Any, ...]], str]:
-        """A request's entries and mode, decoded and checked, timed by ``t``."""
-        t.arrived(request.client_send_ns)
+        self, t: _Timers, raw: bytes, *, with_grads: bool, send_field: int
+    ) -> tuple[list[_wire.TableView], dict[str, tuple[Any, ...]], dict[int, int]]:
+        """A request's tables, entries and scalar fields, decoded and checked, timed by
+        ``t``."""
+        start = time.monotonic_ns()
         with t.decode:
-            return self._decode(request, with_grads=with_grads), self._mode(request.mode)
+            tables, scalars = _wire.parse_request(raw)
+            entries = self._decode(tables, with_grads=with_grads)
+        t.arrived(scalars.get(send_field, 0), start)
+        return tables, entries, scalars
 
-    def lookup(self, request: Any) -> Any:
+    def lookup(self, raw: bytes) -> bytes:
         t = self.lookup_timers
-        features, mode = self._arrived(t, request, with_grads=False)
+        tables, features, sc = self._arrived(t, raw, with_grads=False, send_field=4)
+        mode = self._mode(sc.get(3, 0))
         with t.handle:
-            pooled = self.group.lookup_sum(features, mode=mode, insert=request.insert)
+            pooled = self.group.lookup_sum(features, mode=mode, insert=bool(sc.get(2, 0)))
         with t.encode:
-            arrays = [pooled[tb.table] for tb in request.tables]
-            return messages["LookupResponse"](
-                pooled=[a.tobytes() for a in arrays], dims=[a.shape[1] for a in arrays]
-            )
+            return _wire.encode_lookup_response([pooled[tb.table] for tb in tables])
 
-    def push(self, request: Any) -> Any:
+    def push(self, raw: bytes) -> bytes:
         t = self.push_timers
-        grads, mode = self._arrived(t, request, with_grads=True)
+        _, grads, sc = self._arrived(t, raw, with_grads=True, send_field=3)
+        mode = self._mode(sc.get(2, 0))
         with t.handle:
             self.group.apply_gradients(grads, mode=mode)
-        return messages["PushGradResponse"]()
+        return b""
 
     def _save_dir(self, given: str) -> str:
         if self.checkpoint_dir is None:
@@ -165,7 +169,11 @@ class _Service:
         )
 
     def ping(self, request: Any) -> Any:
-        return messages["PingResponse"]()
+        n = request.reply_bytes
+        if not 0 <= n <= self.max_reply_bytes:
+            msg = f"reply_bytes must be in [0, {self.max_reply_bytes}], got {n}"
+            raise ValueError(msg)
+        return messages["PingResponse"](payload=bytes(n))
 
 
 def _histogram(m: Any, layer: str, table: str, name: str, snap: Any) -> Any:
@@ -272,11 +280,11 @@ def serve(
     if workers < 1:
         msg = f"threads must be a positive int, got {threads!r}"
         raise ValueError(msg)
-    service = _Service(group, checkpoint_dir)
+    service = _Service(group, checkpoint_dir, max_message_bytes)
     m = messages
     methods = {
-        "Lookup": (service.lookup, m["LookupRequest"], m["LookupResponse"]),
-        "PushGrad": (service.push, m["PushGradRequest"], m["PushGradResponse"]),
+        "Lookup": (service.lookup, None, None),  # bytes in and out: see _wire
+        "PushGrad": (service.push, None, None),
         "Save": (service.save, m["SaveRequest"], m["SaveResponse"]),
         "Stats": (service.stats, m["StatsRequest"], m["StatsResponse"]),
         "Ping": (service.ping, m["PingRequest"], m["PingResponse"]),
@@ -284,8 +292,8 @@ def serve(
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             _wrap(fn),
-            request_deserializer=req.FromString,
-            response_serializer=resp.SerializeToString,
+            request_deserializer=None if req is None else req.FromString,
+            response_serializer=None if resp is None else resp.SerializeToString,
         )
         for name, (fn, req, resp) in methods.items()
     }
