@@ -125,3 +125,23 @@ def test_malformed_bytes_raise_wire_error() -> None:
         _wire.parse_request(b"\x0b")
     with pytest.raises(ValueError, match=r"keys is 3 bytes"):
         _wire.parse_request(b"\x0a\x05\x12\x03abc")
+
+
+def test_keep_freed_memory_sets_glibc_or_says_it_did_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctypes
+    import platform
+
+    from embstore import ps
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("keep_freed_memory tunes glibc only")
+    assert ps.keep_freed_memory() is True
+
+    class Refusing:
+        def mallopt(self, param: int, value: int) -> int:
+            return 0 if param == -3 else 1  # glibc refuses the mmap threshold
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda _name: Refusing())
+    assert ps.keep_freed_memory() is False  # a refusal is reported, not hidden
+    monkeypatch.setattr(platform, "libc_ver", lambda: ("musl", ""))
+    assert ps.keep_freed_memory() is False

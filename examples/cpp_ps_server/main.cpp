@@ -9,6 +9,9 @@
 // checkpoint (MANIFEST.json), the tables loaded from it. Save requests write below DIR.
 // Stops on SIGINT/SIGTERM.
 #include <grpcpp/grpcpp.h>
+#ifdef __GLIBC__
+#include <malloc.h>  // mallopt
+#endif
 
 #include <atomic>    // std::atomic
 #include <chrono>    // std::chrono::milliseconds
@@ -113,6 +116,13 @@ std::vector<embstore_ps::NamedTable> make_tables(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef __GLIBC__
+  // Keep freed message buffers (MiB each) in the heap: else every call maps, faults in and
+  // zeroes them afresh (docs/tuning.md, "PS: keep freed message buffers").
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 128 << 20);
+  mallopt(M_TOP_PAD, 16 << 20);
+#endif
   Options o;
   if (!parse(argc, argv, &o)) {
     std::fprintf(stderr,

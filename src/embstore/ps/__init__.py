@@ -6,7 +6,8 @@ imports this package. See docs/ps.md.
 
 from __future__ import annotations
 
+from embstore.ps._malloc import keep_freed_memory
 from embstore.ps.client import Client, PSError, ServerHistogram, window
 from embstore.ps.server import Server, serve
 
-__all__ = ["Client", "PSError", "Server", "ServerHistogram", "serve", "window"]
+__all__ = ["Client", "PSError", "Server", "ServerHistogram", "keep_freed_memory", "serve", "window"]

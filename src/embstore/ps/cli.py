@@ -100,6 +100,9 @@ def _load(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m embstore.ps``."""
     args = _parser().parse_args(argv)
+    from embstore.ps._malloc import keep_freed_memory
+
+    keep_freed_memory()  # MiB-sized messages: no page faults per call
     if args.command == "serve":
         return _serve(args)
     return _load(args)
