@@ -14,7 +14,7 @@ from embstore.bench.peers import PEERS
 from embstore.bench.plot import PlotUnavailable, plot_report, require_matplotlib
 from embstore.bench.reference import VerificationError
 from embstore.bench.report import format_report
-from embstore.bench.results_io import load_report, load_results
+from embstore.bench.results_io import load_report, load_results, split_runs
 from embstore.bench.runner import BenchConfig, run
 from embstore.bench.w5 import CRITEO_CARDINALITIES
 from embstore.bench.workload import placement
@@ -156,7 +156,8 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         nargs="+",
         help="do not run: print the report (and --plot) of runs saved with --json; with "
-        "--markdown or --readme-table, also files of W2-W4 figures (bench/results/)",
+        "--markdown or --readme-table, W1 and W5 reports (told apart by their config) and "
+        "files of W2-W4 figures (bench/results/)",
     )
     p.add_argument(
         "--markdown",
@@ -269,7 +270,7 @@ def _write_pages(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         reports, workloads = load_results(args.from_json)
     except ValueError as exc:
         parser.error(f"--from-json {exc}")
-    if not reports:
+    if not split_runs(reports)[0]:
         parser.error("--from-json: no W1 report among the files")
     labels = {k: v for w in workloads for k, v in w.get("machines", {}).items()}
     if args.readme_table:

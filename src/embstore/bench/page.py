@@ -1,7 +1,8 @@
 """The results page (``--markdown``) and the README's table, generated from saved results.
 
 Input: W1 reports saved with ``--json`` (one per machine and D; the first file's machine is
-the one the README quotes) and, optionally, one workloads file (W2, W3, W4, checkpoints,
+the one the README quotes), optionally W5 reports (``--workload w5 --json``, told apart by
+their config; the section is ``page_w5``) and workloads files (W2, W3, W4, checkpoints,
 optimizers). Every figure and ratio on the page is computed here from those files, so the
 page cannot drift from the data; the prose around the tables is ``page_text``.
 """
@@ -13,8 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from embstore.bench import page_text
+from embstore.bench.page_w5 import batch_sizes, bench_command, w5_section
 from embstore.bench.report import format_summary
+from embstore.bench.results_io import split_runs
 from embstore.bench.targets import TARGET_THREADS, TARGETS, evaluate, index_results
+from embstore.bench.w5 import CRITEO_CARDINALITIES
 
 Report = dict[str, Any]
 #: CPU string -> {"name": short machine name, "about": one line on it} (workloads file).
@@ -124,8 +128,11 @@ def w1_section(groups: Sequence[tuple[str, list[Report]]], labels: Labels) -> li
     return [*out, "", page_text.TARGETS_NOTE, "", page_text.PLOT]
 
 
-def memory_section(groups: Sequence[tuple[str, list[Report]]], labels: Labels) -> list[str]:
-    """Resident memory per row of W1's tables, against the id + weights + Adagrad payload."""
+def memory_section(
+    groups: Sequence[tuple[str, list[Report]]], labels: Labels, w5: Sequence[Report] = ()
+) -> list[str]:
+    """Resident memory per row of W1's tables (then W5's, if given), against the id +
+    weights + Adagrad payload."""
     out = [
         "## Memory",
         "",
@@ -134,11 +141,13 @@ def memory_section(groups: Sequence[tuple[str, list[Report]]], labels: Labels) -
         "| machine | D | rows | RSS bytes/row | `stats()['bytes_per_row']` | payload | RSS / payload |",
         "|---|---|---|---|---|---|---|",
     ]
-    for cpu, reports in groups:
-        for m in (m for r in reports for m in r["memory"] if "error" not in m):
+    runs = [(_label(cpu, labels), r) for cpu, reports in groups for r in reports]
+    runs += [(_label(str(r["environment"]["cpu"]), labels) + ", W5", r) for r in w5]
+    for label, report in runs:
+        for m in (m for m in report["memory"] if "error" not in m):
             rss, payload = float(m["rss_bytes_per_row"]), int(m["payload_bytes_per_row"])
             out.append(
-                f"| {_label(cpu, labels)} | {m['dim']} | {m['rows']:,} | {rss:.1f} | "
+                f"| {label} | {m['dim']} | {m['rows']:,} | {rss:.1f} | "
                 f"{float(m['stats_bytes_per_row']):.1f} | {payload} | {rss / payload:.3f}x |"
             )
     return out
@@ -261,11 +270,50 @@ def merge_workloads(workloads: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def _readme_row(case: str, es_step: float, rows: Sequence[dict[str, Any]]) -> str:
+    """A README line: embstore's step and each peer's best step (over the thread counts
+    of ``rows``, the results of one case) over it."""
+    cells = [case, f"**{es_step:.2f} ms**"]
+    for peer, _ in README_PEERS:
+        steps = [float(r["step_ms"]) for r in rows if r["peer"] == peer]
+        cells.append(ratio(min(steps) / es_step) if steps else "n/a")
+    return "| " + " | ".join(cells) + " |"
+
+
+def _w5_readme(w5: Report, labels: Labels) -> tuple[list[str], str]:
+    """The README lines of a W5 run (one per batch size, largest first) and their note."""
+    results = w5["results"]
+    threads = sorted({int(r["threads"]) for r in results})
+    t = TARGET_THREADS if TARGET_THREADS in threads else max(threads, default=TARGET_THREADS)
+    cfg, env = w5["config"], w5["environment"]
+    d, lp = cfg["dims"][0], cfg["poolings"][0]
+    lines = []
+    for bs in sorted(batch_sizes(results), reverse=True):
+        rows = [r for r in results if int(r.get("batch_size") or 0) == bs]
+        es = next((r for r in rows if (r["peer"], int(r["threads"])) == ("embstore", t)), None)
+        if es is not None:
+            lines.append(_readme_row(f"W5: {d}, {lp}, B={bs}", float(es["step_ms"]), rows))
+    universe = int(cfg["universe"])
+    sizes = (
+        "at their Criteo sizes"
+        if universe >= max(CRITEO_CARDINALITIES)
+        else f"capped at U={universe:,} rows"
+    )
+    flags = bench_command(cfg).removeprefix("python -m embstore bench ")
+    note = (
+        f"W5 rows: {env['cores']}-core {_label(str(env['cpu']), labels)}, "
+        f"{str(env['date'])[:10]}, `{flags}` ({cfg['num_tables']} Criteo tables {sizes})."
+    )
+    return lines, note
+
+
 def readme_table(reports: Sequence[Report], labels: Labels | None = None) -> str:
-    """The README's performance table: the first machine's embstore step at 2 threads
-    against each peer at its best thread count, with its machine line."""
+    """The README's performance table: the first machine's W1 embstore step at 2 threads
+    against each peer at its best thread count, with its machine line; then, given a W5
+    report (the first of that machine's, else the first), its rows and a note on its run."""
     labels = labels or {}
-    cpu, runs = machines(reports)[0]
+    w1, w5 = split_runs(reports)
+    cpu, runs = machines(w1)[0]
     results = merged_results(runs)
     ix = index_results(results)
     dims, pools, threads = _cases(results)
@@ -277,21 +325,19 @@ def readme_table(reports: Sequence[Report], labels: Labels | None = None) -> str
             es = ix.get(("embstore", d, lp, t))
             if es is None:
                 continue
-            cells = [f"{d}, {lp}", f"**{es['step_ms']:.2f} ms**"]
-            for peer, _ in README_PEERS:
-                steps = [
-                    float(r["step_ms"])
-                    for (p, dd, ll, _t), r in ix.items()
-                    if (p, dd, ll) == (peer, d, lp)
-                ]
-                cells.append(ratio(min(steps) / es["step_ms"]) if steps else "n/a")
-            lines.append("| " + " | ".join(cells) + " |")
+            case = [r for r in results if (r["dim"], r["pooling"]) == (d, lp)]
+            lines.append(_readme_row(f"{d}, {lp}", float(es["step_ms"]), case))
     env = runs[0]["environment"]
     note = (
         f"2-core {_label(cpu, labels)}, {str(env['date'])[:10]}, `--full` "
         f"(U={runs[0]['config']['universe']:,}): each ratio is the peer's step over embstore's "
         "in the same run (> 1: embstore is faster), each peer at its best thread count."
     )
+    if w5:
+        same = [r for r in w5 if str(r["environment"]["cpu"]) == cpu]
+        w5_lines, w5_note = _w5_readme((same or w5)[0], labels)
+        lines += w5_lines
+        note += " " + w5_note
     return "\n".join(lines) + "\n\n" + note
 
 
@@ -302,7 +348,8 @@ def results_page(
     labels: Labels = {}
     for w in workloads:
         labels.update(w.get("machines", {}))
-    groups = machines(reports)
+    w1, w5 = split_runs(reports)
+    groups = machines(w1)
     out = [
         page_text.TITLE,
         "",
@@ -315,9 +362,11 @@ def results_page(
         "",
         *w1_section(groups, labels),
         "",
-        *memory_section(groups, labels),
-        "",
     ]
+    if w5:
+        runs = [(r, _label(str(r["environment"]["cpu"]), labels)) for r in w5]
+        out += [*w5_section(runs), ""]
+    out += [*memory_section(groups, labels, w5), ""]
     if workloads:
         out += [*workloads_sections(merge_workloads(workloads), labels), ""]
     out += [page_text.HOW_TO_RUN, page_text.METHOD, page_text.MICRO]

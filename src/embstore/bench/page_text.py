@@ -101,6 +101,15 @@ W1_INTRO = (
     "thread, and each peer's step in ms with its ratio to embstore's (x)."
 )
 
+W5_INTRO = (
+    "The W1 step on the shape of real CTR models: 26 tables with the Criteo Kaggle "
+    "cardinalities DLRM uses (3 to 10,131,227 rows), D=16, one id per example and table "
+    "(L=1), B=512 (the headline) and B=128, with W1's peers, verification and traffic floor "
+    "([docs/w5.md](../docs/w5.md)). Per run: the summary of each batch size as W1's, then "
+    "issue 32's targets per batch size and thread count (ratios within the run; - where a "
+    "target does not apply, n/a where a peer it needs did not run)."
+)
+
 MEMORY_INTRO = (
     "W1's tables built in a fresh process (Adagrad): resident memory per row against the "
     "payload (8-byte id + weights + accumulators). Target: <= 1.15x."

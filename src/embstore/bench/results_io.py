@@ -1,8 +1,9 @@
-"""Reading saved results: W1 runner reports (``--json``) and the other workloads' figures."""
+"""Reading saved results: runner reports (``--json``, W1 or W5) and the other workloads' figures."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def _checked_report(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_report(path: str | Path) -> dict[str, Any]:
-    """A W1 report saved with ``--json``.
+    """A runner report (W1 or W5) saved with ``--json``.
 
     Raises
     ------
@@ -44,7 +45,8 @@ def load_report(path: str | Path) -> dict[str, Any]:
 
 
 def load_results(paths: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The W1 reports and the workload-figure files among ``paths``, each in the given order.
+    """The runner reports (W1 and W5: see :func:`split_runs`) and the workload-figure files
+    among ``paths``, each in the given order.
 
     Raises
     ------
@@ -63,6 +65,18 @@ def load_results(paths: list[str]) -> tuple[list[dict[str, Any]], list[dict[str,
             msg = f"{path}: {exc}"
             raise ValueError(msg) from exc
     return reports, workloads
+
+
+def is_w5(report: dict[str, Any]) -> bool:
+    """Whether a runner report is a W5 run (its config says so; older reports are W1)."""
+    return bool(report["config"].get("workload", "w1") == "w5")
+
+
+def split_runs(
+    reports: Sequence[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The W1 reports and the W5 reports among ``reports``, each in the given order."""
+    return [r for r in reports if not is_w5(r)], [r for r in reports if is_w5(r)]
 
 
 def workloads_record(**sections: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,6 +14,13 @@ from typing import Any
 
 Row = Mapping[str, Any]
 
+#: The targets' texts (the results page's W5 table finds its columns by them).
+FLOOR = "embstore step / traffic floor"
+FORWARD = "embstore fwd / torch fwd (same threads)"
+FBGEMM = "FBGEMM step (best threads) / embstore step"
+SCALING = "speedup over 1 thread / the floor's"
+IDS_RATE = "ids/s at B={small} / ids/s at B={big}"
+
 
 def _index(results: Sequence[Row]) -> dict[tuple[str, int, int], Row]:
     return {(r["peer"], int(r.get("batch_size") or 0), int(r["threads"])): r for r in results}
@@ -28,7 +35,8 @@ def _div(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b is not None else None
 
 
-def _status(v: float | None, op: str, thr: float) -> str:
+def target_status(v: float | None, op: str, thr: float) -> str:
+    """The verdict on ``v``: met, NOT met, or n/a (a value it needs is missing)."""
     if v is None:
         return "n/a"
     ok = v <= thr if op == "<=" else v >= thr
@@ -52,7 +60,7 @@ def w5_target_values(results: Sequence[Row]) -> list[tuple[str, int, str, float,
         floor_limit = 1.5 if bs == max(sizes) else 2.0
         out.append(
             (
-                "embstore step / traffic floor",
+                FLOOR,
                 bs,
                 "<=",
                 floor_limit,
@@ -61,7 +69,7 @@ def w5_target_values(results: Sequence[Row]) -> list[tuple[str, int, str, float,
         )
         out.append(
             (
-                "embstore fwd / torch fwd (same threads)",
+                FORWARD,
                 bs,
                 "<=",
                 1.0,
@@ -73,7 +81,7 @@ def w5_target_values(results: Sequence[Row]) -> list[tuple[str, int, str, float,
         )
         out.append(
             (
-                "FBGEMM step (best threads) / embstore step",
+                FBGEMM,
                 bs,
                 ">=",
                 3.0,
@@ -88,12 +96,12 @@ def w5_target_values(results: Sequence[Row]) -> list[tuple[str, int, str, float,
             speed = _div(_val(one, "step_ms"), _val(es[t], "step_ms"))
             floor_speed = _div(_val(one, "floor_ms"), _val(es[t], "floor_ms"))
             scaling[t] = _div(speed, floor_speed)
-        out.append(("speedup over 1 thread / the floor's", bs, ">=", 0.9, scaling))
+        out.append((SCALING, bs, ">=", 0.9, scaling))
     if len(sizes) > 1:
         small, big = min(sizes), max(sizes)
         out.append(
             (
-                f"ids/s at B={small} / ids/s at B={big}",
+                IDS_RATE.format(small=small, big=big),
                 small,
                 ">=",
                 0.6,
@@ -117,7 +125,7 @@ def format_w5_targets(results: Sequence[Row], judged_at: int = 2) -> str:
     head = ["target", "B", *(f"{t} thread(s)" for t in threads), f"status at {at} threads"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for text, bs, op, thr, vals in w5_target_values(results):
-        status = _status(vals.get(at), op, thr)
+        status = target_status(vals.get(at), op, thr)
         cells = [_cell(vals.get(t)) for t in threads]
         lines.append(
             f"| {text} (target {op} {thr:g}x) | {bs} | " + " | ".join(cells) + f" | {status} |"
