@@ -339,7 +339,7 @@ void Table::apply_gradients(const uint64_t* keys, size_t n, const float* grads,
 }
 
 void Table::contains(const uint64_t* keys, size_t n, bool* out) {
-  ScopedTimer timed(&timer(Timer::kContains));
+  ScopedTimer timed(timer(Timer::kContains));
   Workspace& ws = workspace(0);
   BatchRunner::plan(*this, keys, n, ws);
   const size_t rot = rotation();
@@ -356,7 +356,7 @@ void Table::contains(const uint64_t* keys, size_t n, bool* out) {
 }
 
 size_t Table::erase(const uint64_t* keys, size_t n) {
-  ScopedTimer timed(&timer(Timer::kErase));
+  ScopedTimer timed(timer(Timer::kErase));
   Workspace& ws = workspace(0);
   BatchRunner::plan(*this, keys, n, ws);
   std::atomic<size_t> removed{0};
