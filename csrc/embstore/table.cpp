@@ -126,17 +126,23 @@ Table::Table(const TableConfig& config)
   const size_t stride =
       row_stride(config_.dim, embstore::state_width(config_.optimizer, config_.dim));
   arena_ = RowArena(total_rows, stride);
-  size_t index_bytes = 0;
-  for (size_t s = 0; s < S; ++s) index_bytes += Shard::index_bytes(rows[s]);
-  shard_index_ = LargeBuffer(index_bytes);  // one huge-page mapping for every shard's index
+  size_t index_bytes = 0, steps_bytes = 0;
+  for (size_t s = 0; s < S; ++s) {
+    index_bytes += Shard::index_bytes(rows[s]);
+    steps_bytes += Shard::steps_bytes(rows[s]);
+  }
+  // One huge-page mapping for every shard's index, then every shard's steps.
+  shard_index_ = LargeBuffer(index_bytes + steps_bytes);
   shards_.reserve(S);
   size_t first = 0;
   char* memory = static_cast<char*>(shard_index_.data());
+  char* steps = memory + index_bytes;
   for (size_t s = 0; s < S; ++s) {
-    shards_.push_back(
-        std::make_unique<Shard>(static_cast<uint32_t>(first), rows[s], quotas[s], memory));
+    shards_.push_back(std::make_unique<Shard>(static_cast<uint32_t>(first), rows[s], quotas[s],
+                                              memory, reinterpret_cast<uint32_t*>(steps)));
     first += rows[s];
     memory += Shard::index_bytes(rows[s]);
+    steps += Shard::steps_bytes(rows[s]);
   }
   views_.reserve(S);
   for (const auto& sh : shards_) {

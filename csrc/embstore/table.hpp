@@ -145,7 +145,7 @@ class Table {
   // The learning rate (alpha for FTRL) used by later calls; a call reads it once.
   float lr() const noexcept { return lr_.load(std::memory_order_relaxed); }
   void set_lr(float lr);
-  // The training step that lookups and updates record into their rows (RowMeta::last_step).
+  // The training step that lookups and updates record into their rows (Shard::last_step).
   // Until the first set_step every row records step 0 without writing it.
   uint32_t step() const noexcept { return step_.load(std::memory_order_relaxed); }
   void set_step(uint64_t step);

@@ -159,7 +159,7 @@ TEST_CASE(shard_link_find_unlink) {
     CHECK(sh.meta(row).aux == kNoRow);
     CHECK(sh.occupied(row));
     CHECK(sh.dirty(row));  // new rows are dirty until a checkpoint
-    CHECK(sh.meta(row).last_step == 0);
+    CHECK(sh.last_step(row) == 0);
     CHECK(sh.referenced(row));  // set on insert
     CHECK(sh.counters.size.load() == i + 1);
   }
@@ -174,6 +174,8 @@ TEST_CASE(shard_link_find_unlink) {
   CHECK(sh.unlink_and_free(ids[3], mix64(ids[3])) == kNoRow);  // already gone
   CHECK(sh.unlink_and_free(999, mix64(999)) == kNoRow);        // never there
   CHECK(sh.counters.size.load() == 7);
+  sh.touch(5, 9);  // a step on a row that is then freed and reused ...
+  CHECK(sh.last_step(5) == 9);
   CHECK(sh.unlink_and_free(ids[5], mix64(ids[5])) == 5);
   for (uint32_t i = 0; i < ids.size(); ++i) {
     if (i != 3 && i != 5) CHECK(sh.find(ids[i], mix64(ids[i])) == i);
@@ -185,6 +187,7 @@ TEST_CASE(shard_link_find_unlink) {
   CHECK(!sh.has_unclaimed_row());
   sh.link(77, mix64(77), 5, 0);
   sh.link(78, mix64(78), 3, 0);
+  CHECK(sh.last_step(5) == 0 && sh.last_step(3) == 0);  // ... gets its new id's step
   CHECK(sh.find(77, mix64(77)) == 5);
   CHECK(sh.find(78, mix64(78)) == 3);
   CHECK(sh.counters.size.load() == 8);
