@@ -93,7 +93,8 @@ uint32_t Shard::unlink_and_free(uint64_t id, uint64_t hash) {
 
 void Shard::free_row(uint32_t row) {
   note_removed(row);
-  erase_slot(find_slot(meta(row).id, mix64(meta(row).id)));
+  const uint64_t id = id_of(row);
+  erase_slot(find_slot(id, mix64(id)));
   release_row(row);
 }
 
@@ -137,8 +138,8 @@ uint32_t Shard::clock_victim(uint64_t max_steps) noexcept {
     }
     // The slot's read mark, only now: reading it takes a probe, which evict() then repeats
     // from cache (and likely_victim has prefetched the slot).
-    const RowMeta& m = meta(row);
-    Slot& slot = slots_.get()[find_slot(m.id, mix64(m.id))];
+    const uint64_t id = id_of(row);
+    Slot& slot = slots_.get()[find_slot(id, mix64(id))];
     if ((slot.load_row_plus1() & kReadMark) != 0) {
       slot.clear_mark();
       continue;
@@ -160,8 +161,8 @@ uint32_t Shard::likely_victim(uint32_t limit) const noexcept {
 
 void Shard::evict(uint32_t row) {
   note_removed(row);
-  RowMeta& m = meta(row);
-  erase_slot(find_slot(m.id, mix64(m.id)));
+  const uint64_t id = id_of(row);
+  erase_slot(find_slot(id, mix64(id)));
   occupied_.clear(row);
   dirty_.clear(row);
   counters.size.store(counters.size.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);

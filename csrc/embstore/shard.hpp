@@ -449,6 +449,9 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   void free_row(uint32_t row);
 
   RowMeta& meta(uint32_t row) noexcept { return meta_.get()[row]; }
+  // The id `row` holds, by value: RowMeta is packed, so a reference to its id (push_back's
+  // argument, say) would be misaligned.
+  uint64_t id_of(uint32_t row) const noexcept { return meta_.get()[row].id; }
   const RowMeta& meta(uint32_t row) const noexcept { return meta_.get()[row]; }
   uint32_t first_row() const noexcept { return first_row_; }
   uint32_t quota() const noexcept { return quota_; }
@@ -489,7 +492,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // written) holds it.
   void note_removed(uint32_t row) {
     if (saved_.test(row) || (snap_pending_ && snap_bookkeeping_ && !born_after_.test(row))) {
-      removed_.push_back(meta(row).id);
+      removed_.push_back(id_of(row));
     }
   }
 

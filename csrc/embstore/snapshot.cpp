@@ -59,7 +59,7 @@ size_t Snapshot::next(size_t s, uint64_t* ids, float* rows, uint32_t* steps, siz
     if (!sh.occupied(row) || sh.born_after(row) || sh.captured(row)) continue;
     const bool dirty = sh.dirty(row);
     if (delta && !dirty) continue;
-    ids[n] = sh.meta(row).id;
+    ids[n] = sh.id_of(row);
     steps[n] = sh.last_step(row);
     std::memcpy(rows + n * width_, t_.row_ptr(sh, row), bytes);
     ++n;

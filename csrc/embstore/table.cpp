@@ -251,7 +251,7 @@ uint32_t Table::claim_row_locked(size_t shard_index, uint64_t& evictions, uint64
   if (config_.stage_evicted) {
     RemovedRows& staged = staged_rows_[shard_index];
     const float* values = row_ptr(sh, victim);
-    staged.ids.push_back(sh.meta(victim).id);
+    staged.ids.push_back(sh.id_of(victim));
     staged.rows.insert(staged.rows.end(), values, values + config_.dim);
     staged_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -261,7 +261,7 @@ uint32_t Table::claim_row_locked(size_t shard_index, uint64_t& evictions, uint64
   // index slot (which evict() probes) and its row, while the caller does other work.
   const uint32_t next = sh.likely_victim(64);
   if (next != kNoRow) {
-    sh.prefetch(mix64(sh.meta(next).id));
+    sh.prefetch(mix64(sh.id_of(next)));
     prefetch_lines<1>(row_ptr(sh, next), arena_.stride() * sizeof(float));
   }
   return victim;
@@ -410,7 +410,7 @@ size_t Table::evict_older_than(uint64_t step, bool with_state, RemovedRows& out)
       if (!sh.occupied(row) || sh.last_step(row) >= step) continue;
       if (cow) preserve(s, row);
       const float* values = row_ptr(sh, row);
-      out.ids.push_back(sh.meta(row).id);
+      out.ids.push_back(sh.id_of(row));
       out.rows.insert(out.rows.end(), values, values + width);
       if (sh.size() > sh.quota()) ++returned;  // that row was borrowed from the pool
       sh.free_row(row);

@@ -43,7 +43,7 @@ void PreImages::clear() noexcept {
 void Table::preserve(size_t s, uint32_t row) {
   Shard& sh = *shards_[s];
   if (!sh.needs_preimage(row)) return;
-  preimages_[s].add(sh.meta(row).id, sh.last_step(row), sh.dirty(row), row_ptr(sh, row));
+  preimages_[s].add(sh.id_of(row), sh.last_step(row), sh.dirty(row), row_ptr(sh, row));
   sh.set_captured(row);
 }
 

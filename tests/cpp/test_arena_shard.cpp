@@ -155,7 +155,7 @@ TEST_CASE(shard_link_find_unlink) {
     const uint32_t row = sh.claim_unused_row();
     CHECK(row == i);  // never-used rows in order
     sh.link(ids[i], mix64(ids[i]), row, 0);
-    CHECK(sh.meta(row).id == ids[i]);
+    CHECK(sh.id_of(row) == ids[i]);
     CHECK(sh.meta(row).aux == kNoRow);
     CHECK(sh.occupied(row));
     CHECK(sh.dirty(row));  // new rows are dirty until a checkpoint
@@ -322,7 +322,7 @@ EMBSTORE_NO_SANITIZE_THREAD bool marking_probe(Shard& sh, uint64_t id, bool& wro
   if ((v & 1) != 0) return false;
   const uint32_t row = sh.find_optimistic<true>(id, mix64(id));
   if (row == kRetry) return false;
-  const uint64_t held = row == kNoRow ? id : sh.meta(row).id;
+  const uint64_t held = row == kNoRow ? id : sh.id_of(row);
   if (!sh.read_valid(v)) return false;
   wrong = held != id;
   return true;
@@ -382,7 +382,7 @@ TEST_CASE(shard_read_marks_racing_writers_never_break_the_index) {
       marks_seen += (rp1 & kReadMark) != 0;
       const uint32_t row = index.slots[pos].row();
       if (rp1 == kReadMark || row >= kRows || !sh.occupied(row) ||
-          sh.meta(row).id != index.slots[pos].id) {
+          sh.id_of(row) != index.slots[pos].id) {
         ++violations;
       }
     }
