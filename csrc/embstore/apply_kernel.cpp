@@ -183,7 +183,7 @@ class BatchRunner::ShardApply {
     const uint64_t place = places_[i];
     if (place == RowResolution::kUnresolved) return kNoRow;
     const uint32_t recorded = static_cast<uint32_t>(place);
-    if (!sh_.occupied(recorded) || sh_.meta(recorded).id != r_.keys[i]) return kNoRow;
+    if (!sh_.occupied(recorded) || sh_.id_of(recorded) != r_.keys[i]) return kNoRow;
     ++reused_;
     return recorded;
   }

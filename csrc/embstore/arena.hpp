@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>  // size_t
+#include <cstdint>  // uintptr_t
 #include <cstdlib>  // std::aligned_alloc, std::free
 #include <cstring>  // std::memset
 #include <new>      // std::bad_alloc
@@ -24,24 +25,39 @@ namespace embstore {
 
 constexpr size_t kCacheLine = 64;
 
-// Zero-filled memory for large tables. Above kHugeThreshold it comes from mmap with
+// Zero-filled memory for tables. From kMapThreshold up it comes from mmap, zero-filled on
+// first touch, so pages a table never uses (rows beyond those stored, a shard's slack, the
+// last steps of a table that sets none) cost no RAM. From kHugeThreshold up it also gets
 // MADV_HUGEPAGE: the arena and index are read at random, so with 4 KiB pages nearly every
 // row access also misses the TLB; 2 MiB pages cover a 1M-row table with a few hundred TLB
-// entries. mmap memory is zero-filled on first touch, so untouched rows cost no RAM.
+// entries. The mapping starts on a huge page but is not rounded up to one: the tail past the
+// last whole huge page gets 4 KiB pages (resident only as touched), not up to 2 MiB more.
 class LargeBuffer {
  public:
+  static constexpr size_t kMapThreshold = size_t{128} << 10;
   static constexpr size_t kHugeThreshold = size_t{4} << 20;
   static constexpr size_t kHugePage = size_t{2} << 20;
 
   LargeBuffer() = default;
   explicit LargeBuffer(size_t bytes) : bytes_(bytes == 0 ? kCacheLine : bytes) {
 #if defined(__linux__)
-    if (bytes_ >= kHugeThreshold) {
-      bytes_ = (bytes_ + kHugePage - 1) / kHugePage * kHugePage;
-      void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (bytes_ >= kMapThreshold) {
+      bytes_ = (bytes_ + kPage - 1) / kPage * kPage;
+      const bool huge = bytes_ >= kHugeThreshold;
+      const size_t pad = huge ? kHugePage : 0;  // room to move the start onto a huge page
+      void* p =
+          mmap(nullptr, bytes_ + pad, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) throw std::bad_alloc();
-      madvise(p, bytes_, MADV_HUGEPAGE);  // a hint: fine if THP is off
-      data_ = p;
+      char* start = static_cast<char*>(p);
+      if (huge) {
+        const uintptr_t at = reinterpret_cast<uintptr_t>(start);
+        const size_t lead = (kHugePage - at % kHugePage) % kHugePage;
+        if (lead != 0) munmap(start, lead);
+        if (pad - lead != 0) munmap(start + lead + bytes_, pad - lead);
+        start += lead;
+        madvise(start, bytes_, MADV_HUGEPAGE);  // a hint: fine if THP is off
+      }
+      data_ = start;
       mapped_ = true;
       return;
     }
@@ -82,6 +98,7 @@ class LargeBuffer {
     data_ = nullptr;
   }
 
+  static constexpr size_t kPage = size_t{4} << 10;
   void* data_ = nullptr;
   size_t bytes_ = 0;
   bool mapped_ = false;

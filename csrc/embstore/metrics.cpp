@@ -3,6 +3,7 @@
 #include <algorithm>  // std::min
 #include <cstdlib>  // std::getenv
 #include <cstring>  // std::strcmp
+#include <new>      // std::nothrow
 
 namespace embstore {
 namespace {
@@ -107,6 +108,31 @@ void LatencyHistogram::reset() noexcept {
   for (auto& b : buckets_) b.store(0, std::memory_order_relaxed);
   sum_ns_.store(0, std::memory_order_relaxed);
   max_ns_.store(0, std::memory_order_relaxed);
+}
+
+TimerSet::~TimerSet() {
+  for (auto& slot : slots_) delete slot.load(std::memory_order_relaxed);
+}
+
+const LatencyHistogram& TimerSet::operator[](size_t k) const noexcept {
+  static const LatencyHistogram* const empty = new LatencyHistogram();  // never destroyed
+  const LatencyHistogram* h = slots_[k].load(std::memory_order_acquire);
+  return h != nullptr ? *h : *empty;
+}
+
+LatencyHistogram* TimerSet::make(size_t k) noexcept {
+  auto* made = new (std::nothrow) LatencyHistogram();
+  if (made == nullptr) return nullptr;  // this record is lost; the next one tries again
+  LatencyHistogram* seen = nullptr;
+  if (slots_[k].compare_exchange_strong(seen, made, std::memory_order_acq_rel)) return made;
+  delete made;  // another thread's came first
+  return seen;
+}
+
+void TimerSet::reset() noexcept {
+  for (auto& slot : slots_) {
+    if (LatencyHistogram* h = slot.load(std::memory_order_acquire)) h->reset();
+  }
 }
 
 const char* timer_name(Timer t) noexcept {

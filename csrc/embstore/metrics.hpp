@@ -81,7 +81,30 @@ enum class Timer : uint8_t {
 };
 const char* timer_name(Timer t) noexcept;
 
-using TimerSet = std::array<LatencyHistogram, static_cast<size_t>(Timer::kCount)>;
+// A table's histograms, one per Timer, each allocated on its first record: a table sees a
+// few kinds of call, and 16 eager histograms (2.1 KiB each) were most of a small table.
+class TimerSet {
+ public:
+  static constexpr size_t kSize = static_cast<size_t>(Timer::kCount);
+  TimerSet() = default;
+  ~TimerSet();
+  TimerSet(const TimerSet&) = delete;
+  TimerSet& operator=(const TimerSet&) = delete;
+
+  size_t size() const noexcept { return kSize; }
+  // Histogram k, or an empty one if nothing was recorded there yet.
+  const LatencyHistogram& operator[](size_t k) const noexcept;
+  // Histogram k, allocated if needed; nullptr only if that allocation failed.
+  LatencyHistogram* get(size_t k) noexcept {
+    LatencyHistogram* h = slots_[k].load(std::memory_order_acquire);
+    return h != nullptr ? h : make(k);
+  }
+  void reset() noexcept;
+
+ private:
+  LatencyHistogram* make(size_t k) noexcept;
+  std::array<std::atomic<LatencyHistogram*>, kSize> slots_{};
+};
 
 // Times a scope into `histogram` when metrics are enabled (one steady_clock read each end).
 class ScopedTimer {

@@ -23,16 +23,24 @@ size_t Shard::index_bytes(uint32_t num_rows) noexcept {
          round_to_line(size_t{num_rows} * sizeof(RowMeta));
 }
 
-Shard::Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota, void* memory)
+size_t Shard::steps_bytes(uint32_t num_rows) noexcept {
+  return round_to_line(size_t{num_rows} * sizeof(uint32_t));
+}
+
+Shard::Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota, void* memory, uint32_t* steps)
     : first_row_(first_row),
       num_rows_(num_rows),
       quota_(quota),
       num_slots_(slots_for(num_rows)),
-      own_memory_(memory == nullptr ? LargeBuffer(index_bytes(num_rows)) : LargeBuffer()),
+      own_memory_(memory == nullptr ? LargeBuffer(index_bytes(num_rows) + steps_bytes(num_rows))
+                                    : LargeBuffer()),
       slots_(memory != nullptr ? memory : own_memory_.data(), num_slots_),
       meta_(
           reinterpret_cast<char*>(slots_.get()) + round_to_line(size_t{num_slots_} * sizeof(Slot)),
           num_rows),
+      steps_(memory != nullptr ? static_cast<void*>(steps)
+                               : static_cast<char*>(own_memory_.data()) + index_bytes(num_rows),
+             num_rows),
       ref_bits_(num_rows),
       occupied_(num_rows),
       dirty_(num_rows),
@@ -48,7 +56,7 @@ void Shard::link(uint64_t id, uint64_t hash, uint32_t row, uint32_t step) noexce
   RowMeta& m = meta(row);
   m.id = id;
   m.aux = kNoRow;
-  __atomic_store_n(&m.last_step, step, __ATOMIC_RELAXED);
+  touch(row, step);
   occupied_.set(row);
   dirty_.set(row);
   saved_.clear(row);  // a new id: in no checkpoint yet
@@ -85,7 +93,8 @@ uint32_t Shard::unlink_and_free(uint64_t id, uint64_t hash) {
 
 void Shard::free_row(uint32_t row) {
   note_removed(row);
-  erase_slot(find_slot(meta(row).id, mix64(meta(row).id)));
+  const uint64_t id = id_of(row);
+  erase_slot(find_slot(id, mix64(id)));
   release_row(row);
 }
 
@@ -129,8 +138,8 @@ uint32_t Shard::clock_victim(uint64_t max_steps) noexcept {
     }
     // The slot's read mark, only now: reading it takes a probe, which evict() then repeats
     // from cache (and likely_victim has prefetched the slot).
-    const RowMeta& m = meta(row);
-    Slot& slot = slots_.get()[find_slot(m.id, mix64(m.id))];
+    const uint64_t id = id_of(row);
+    Slot& slot = slots_.get()[find_slot(id, mix64(id))];
     if ((slot.load_row_plus1() & kReadMark) != 0) {
       slot.clear_mark();
       continue;
@@ -152,8 +161,8 @@ uint32_t Shard::likely_victim(uint32_t limit) const noexcept {
 
 void Shard::evict(uint32_t row) {
   note_removed(row);
-  RowMeta& m = meta(row);
-  erase_slot(find_slot(m.id, mix64(m.id)));
+  const uint64_t id = id_of(row);
+  erase_slot(find_slot(id, mix64(id)));
   occupied_.clear(row);
   dirty_.clear(row);
   counters.size.store(counters.size.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);

@@ -23,18 +23,21 @@
 //    rows there, in the line its probe has just read, rather than in the reference bitmap
 //    (one more cache line per id; see docs/tuning.md); the CLOCK hand honours the mark like
 //    a reference bit (clock_victim).
-//  - Per-row metadata (id, aux, last step) lives apart from the weights, so a CLOCK sweep
-//    reads 16 bytes per row instead of whole rows.
+//  - Per-row metadata (aux, id) lives apart from the weights, so a CLOCK sweep reads 12
+//    bytes per row instead of whole rows.
 //  - Per-row bits (CLOCK reference, occupied, dirty) live in bitmaps of their own (1 bit per
 //    row: 2 KiB for a 16K-row shard, cache-resident), so a lookup hit touches only its index
 //    slot and its row (a reference bit in the metadata would cost one more cache miss per
-//    id), and RowMeta stays at 16 bytes.
+//    id), and RowMeta stays at 12 bytes.
 //  - `aux` is the free-list link of a free row, and the index of the row's gradient
 //    accumulator while an apply batch holds the lock (a non-empty aux pins the row).
-//  - `last_step` is the table step (Table::set_step) at which the row was last looked up or
+//  - A row's last step is the table step (Table::set_step) at which it was last looked up or
 //    updated; it is written only once a step has been set, so tables that never use steps
 //    pay no extra cache miss per id. It is written only under the shard lock (tables that
 //    track steps read on the locked path); `touch`/`last_step` use relaxed atomics anyway.
+//    Steps live in an array of their own, apart from RowMeta: a write that would not change
+//    a step is skipped, so a table that never sets one never makes those pages resident
+//    (4 bytes a row less).
 //
 // Checkpoint state (driven by Table and Snapshot, see snapshot.hpp): which snapshot the shard
 // has joined, whether that snapshot still has to write it (`snapshot_pending`: writers then
@@ -106,12 +109,14 @@ struct Slot {
 #pragma pack(pop)
 static_assert(sizeof(Slot) == 12, "Slot is packed to 12 bytes");
 
+// Packed to 12 bytes; aux first, so the line a prefetch of &meta(row) brings holds it.
+#pragma pack(push, 4)
 struct RowMeta {
+  uint32_t aux;  // free-list next, or batch accumulator index (kNoRow when unused)
   uint64_t id;
-  uint32_t aux;        // free-list next, or batch accumulator index (kNoRow when unused)
-  uint32_t last_step;  // table step of the last lookup or update of the row
 };
-static_assert(sizeof(RowMeta) == 16, "RowMeta is 16 bytes");
+#pragma pack(pop)
+static_assert(sizeof(RowMeta) == 12, "RowMeta is packed to 12 bytes");
 
 // Counters are written only under the shard lock and read without it, hence relaxed atomics
 // updated with load+store (no locked instruction on the hot path).
@@ -233,12 +238,17 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // `first_row`: this shard's first row in the table arena; `num_rows`: rows it may own;
   // `quota`: rows it may always hold (more only by borrowing from the table's pool).
   // `memory`: index_bytes(num_rows) zeroed, 64-byte aligned bytes for its index and row
-  // metadata, or nullptr to allocate its own. A table carves all its shards' memory from one
-  // huge-page mapping: per-shard allocations (a few hundred KiB each) get 4 KiB pages, and
-  // then nearly every probe of a large table also missed the TLB.
-  Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota, void* memory = nullptr);
+  // metadata, and `steps`: num_rows zeroed uint32 for the rows' last steps; or nullptr for
+  // both to allocate its own. A table carves all its shards' memory from one huge-page
+  // mapping: per-shard allocations (a few hundred KiB each) get 4 KiB pages, and then nearly
+  // every probe of a large table also missed the TLB. It puts all the steps after all the
+  // indexes, so that untouched steps share no huge page with an index.
+  Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota, void* memory = nullptr,
+        uint32_t* steps = nullptr);
   // Bytes of index and metadata a shard of `num_rows` rows needs (a multiple of 64).
   static size_t index_bytes(uint32_t num_rows) noexcept;
+  // Bytes of last steps a shard of `num_rows` rows needs (a multiple of 64).
+  static size_t steps_bytes(uint32_t num_rows) noexcept;
 
   std::mutex& mutex() noexcept { return mutex_; }
 
@@ -310,12 +320,13 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   uint64_t* reference_words() noexcept { return ref_bits_.words(); }
   bool referenced(uint32_t row) const noexcept { return ref_bits_.test(row); }
   // The row's last step (relaxed atomics: lock-free readers record it too).
+  // Skips a write that changes nothing: see the file comment.
   void touch(uint32_t row, uint32_t step) noexcept {
-    uint32_t* p = &meta_.get()[row].last_step;
+    uint32_t* p = steps_.get() + row;
     if (__atomic_load_n(p, __ATOMIC_RELAXED) != step) __atomic_store_n(p, step, __ATOMIC_RELAXED);
   }
   uint32_t last_step(uint32_t row) const noexcept {
-    return __atomic_load_n(&meta_.get()[row].last_step, __ATOMIC_RELAXED);
+    return __atomic_load_n(steps_.get() + row, __ATOMIC_RELAXED);
   }
   // Whether the row holds an id (free and never-claimed rows do not).
   bool occupied(uint32_t row) const noexcept { return occupied_.test(row); }
@@ -438,6 +449,9 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   void free_row(uint32_t row);
 
   RowMeta& meta(uint32_t row) noexcept { return meta_.get()[row]; }
+  // The id `row` holds, by value: RowMeta is packed, so a reference to its id (push_back's
+  // argument, say) would be misaligned.
+  uint64_t id_of(uint32_t row) const noexcept { return meta_.get()[row].id; }
   const RowMeta& meta(uint32_t row) const noexcept { return meta_.get()[row]; }
   uint32_t first_row() const noexcept { return first_row_; }
   uint32_t quota() const noexcept { return quota_; }
@@ -448,9 +462,10 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   }
   // Bytes of index and metadata (the arena's rows are counted by the table).
   size_t footprint_bytes() const noexcept {
-    return slots_.size() * sizeof(Slot) + meta_.size() * sizeof(RowMeta) + ref_bits_.bytes() +
-           occupied_.bytes() + dirty_.bytes() + captured_.bytes() + born_after_.bytes() +
-           saved_.bytes() + dirty_pending_.bytes();
+    return slots_.size() * sizeof(Slot) + meta_.size() * sizeof(RowMeta) +
+           steps_.size() * sizeof(uint32_t) + ref_bits_.bytes() + occupied_.bytes() +
+           dirty_.bytes() + captured_.bytes() + born_after_.bytes() + saved_.bytes() +
+           dirty_pending_.bytes();
   }
 
   ShardCounters counters;
@@ -477,7 +492,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // written) holds it.
   void note_removed(uint32_t row) {
     if (saved_.test(row) || (snap_pending_ && snap_bookkeeping_ && !born_after_.test(row))) {
-      removed_.push_back(meta(row).id);
+      removed_.push_back(id_of(row));
     }
   }
 
@@ -494,6 +509,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   LargeBuffer own_memory_;  // used only when the shard was given no memory
   BufferSlice<Slot> slots_;
   BufferSlice<RowMeta> meta_;
+  BufferSlice<uint32_t> steps_;  // last step per row
   AtomicBitmap ref_bits_;
   Bitmap occupied_;
   Bitmap dirty_;

@@ -59,9 +59,8 @@ size_t Snapshot::next(size_t s, uint64_t* ids, float* rows, uint32_t* steps, siz
     if (!sh.occupied(row) || sh.born_after(row) || sh.captured(row)) continue;
     const bool dirty = sh.dirty(row);
     if (delta && !dirty) continue;
-    const RowMeta& m = sh.meta(row);
-    ids[n] = m.id;
-    steps[n] = m.last_step;
+    ids[n] = sh.id_of(row);
+    steps[n] = sh.last_step(row);
     std::memcpy(rows + n * width_, t_.row_ptr(sh, row), bytes);
     ++n;
     if (bookkeeping && dirty) sh.take_dirty(row);

@@ -126,17 +126,23 @@ Table::Table(const TableConfig& config)
   const size_t stride =
       row_stride(config_.dim, embstore::state_width(config_.optimizer, config_.dim));
   arena_ = RowArena(total_rows, stride);
-  size_t index_bytes = 0;
-  for (size_t s = 0; s < S; ++s) index_bytes += Shard::index_bytes(rows[s]);
-  shard_index_ = LargeBuffer(index_bytes);  // one huge-page mapping for every shard's index
+  size_t index_bytes = 0, steps_bytes = 0;
+  for (size_t s = 0; s < S; ++s) {
+    index_bytes += Shard::index_bytes(rows[s]);
+    steps_bytes += Shard::steps_bytes(rows[s]);
+  }
+  // One huge-page mapping for every shard's index, then every shard's steps.
+  shard_index_ = LargeBuffer(index_bytes + steps_bytes);
   shards_.reserve(S);
   size_t first = 0;
   char* memory = static_cast<char*>(shard_index_.data());
+  char* steps = memory + index_bytes;
   for (size_t s = 0; s < S; ++s) {
-    shards_.push_back(
-        std::make_unique<Shard>(static_cast<uint32_t>(first), rows[s], quotas[s], memory));
+    shards_.push_back(std::make_unique<Shard>(static_cast<uint32_t>(first), rows[s], quotas[s],
+                                              memory, reinterpret_cast<uint32_t*>(steps)));
     first += rows[s];
     memory += Shard::index_bytes(rows[s]);
+    steps += Shard::steps_bytes(rows[s]);
   }
   views_.reserve(S);
   for (const auto& sh : shards_) {
@@ -245,7 +251,7 @@ uint32_t Table::claim_row_locked(size_t shard_index, uint64_t& evictions, uint64
   if (config_.stage_evicted) {
     RemovedRows& staged = staged_rows_[shard_index];
     const float* values = row_ptr(sh, victim);
-    staged.ids.push_back(sh.meta(victim).id);
+    staged.ids.push_back(sh.id_of(victim));
     staged.rows.insert(staged.rows.end(), values, values + config_.dim);
     staged_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -255,7 +261,7 @@ uint32_t Table::claim_row_locked(size_t shard_index, uint64_t& evictions, uint64
   // index slot (which evict() probes) and its row, while the caller does other work.
   const uint32_t next = sh.likely_victim(64);
   if (next != kNoRow) {
-    sh.prefetch(mix64(sh.meta(next).id));
+    sh.prefetch(mix64(sh.id_of(next)));
     prefetch_lines<1>(row_ptr(sh, next), arena_.stride() * sizeof(float));
   }
   return victim;
@@ -339,7 +345,7 @@ void Table::apply_gradients(const uint64_t* keys, size_t n, const float* grads,
 }
 
 void Table::contains(const uint64_t* keys, size_t n, bool* out) {
-  ScopedTimer timed(&timer(Timer::kContains));
+  ScopedTimer timed(timer(Timer::kContains));
   Workspace& ws = workspace(0);
   BatchRunner::plan(*this, keys, n, ws);
   const size_t rot = rotation();
@@ -356,7 +362,7 @@ void Table::contains(const uint64_t* keys, size_t n, bool* out) {
 }
 
 size_t Table::erase(const uint64_t* keys, size_t n) {
-  ScopedTimer timed(&timer(Timer::kErase));
+  ScopedTimer timed(timer(Timer::kErase));
   Workspace& ws = workspace(0);
   BatchRunner::plan(*this, keys, n, ws);
   std::atomic<size_t> removed{0};
@@ -404,7 +410,7 @@ size_t Table::evict_older_than(uint64_t step, bool with_state, RemovedRows& out)
       if (!sh.occupied(row) || sh.last_step(row) >= step) continue;
       if (cow) preserve(s, row);
       const float* values = row_ptr(sh, row);
-      out.ids.push_back(sh.meta(row).id);
+      out.ids.push_back(sh.id_of(row));
       out.rows.insert(out.rows.end(), values, values + width);
       if (sh.size() > sh.quota()) ++returned;  // that row was borrowed from the pool
       sh.free_row(row);

@@ -145,7 +145,7 @@ class Table {
   // The learning rate (alpha for FTRL) used by later calls; a call reads it once.
   float lr() const noexcept { return lr_.load(std::memory_order_relaxed); }
   void set_lr(float lr);
-  // The training step that lookups and updates record into their rows (RowMeta::last_step).
+  // The training step that lookups and updates record into their rows (Shard::last_step).
   // Until the first set_step every row records step 0 without writing it.
   uint32_t step() const noexcept { return step_.load(std::memory_order_relaxed); }
   void set_step(uint64_t step);
@@ -153,10 +153,9 @@ class Table {
   TableStats stats() const;
   // Latency histograms of operations and batch stages (see metrics.hpp).
   const TimerSet& timers() const noexcept { return timers_; }
-  LatencyHistogram& timer(Timer t) noexcept { return timers_[static_cast<size_t>(t)]; }
-  void reset_timers() noexcept {
-    for (auto& h : timers_) h.reset();
-  }
+  // The histogram to record into (allocated on first use; nullptr if that failed).
+  LatencyHistogram* timer(Timer t) noexcept { return timers_.get(static_cast<size_t>(t)); }
+  void reset_timers() noexcept { timers_.reset(); }
 
   // out[i] = row of keys[i]; see docs/semantics.md for insert=true/false.
   void lookup(const uint64_t* keys, size_t n, bool insert, float* out);  // out: (n, dim)
@@ -197,7 +196,8 @@ class Table {
   void set_checkpoint_id(const std::string& id);
   // Records a duration into one of the table's latency histograms.
   void record_latency(Timer t, uint64_t ns) noexcept {
-    if (metrics_enabled()) timer(t).record(ns);
+    if (!metrics_enabled()) return;
+    if (LatencyHistogram* h = timer(t)) h->record(ns);
   }
 
  private:

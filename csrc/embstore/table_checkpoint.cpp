@@ -43,16 +43,15 @@ void PreImages::clear() noexcept {
 void Table::preserve(size_t s, uint32_t row) {
   Shard& sh = *shards_[s];
   if (!sh.needs_preimage(row)) return;
-  const RowMeta& m = sh.meta(row);
-  preimages_[s].add(m.id, m.last_step, sh.dirty(row), row_ptr(sh, row));
+  preimages_[s].add(sh.id_of(row), sh.last_step(row), sh.dirty(row), row_ptr(sh, row));
   sh.set_captured(row);
 }
 
 void Table::touch_step(size_t s, uint32_t row, uint32_t step, bool cow) {
   Shard& sh = *shards_[s];
-  if (sh.meta(row).last_step == step) return;
+  if (sh.last_step(row) == step) return;
   if (cow) preserve(s, row);
-  sh.meta(row).last_step = step;
+  sh.touch(row, step);
   sh.mark_dirty(row);
 }
 
@@ -128,7 +127,7 @@ size_t Table::import_rows(const uint64_t* ids, size_t n, const float* rows, cons
             if (cow) preserve(s, row);
             std::memcpy(row_ptr(sh, row), rows + static_cast<size_t>(i) * width,
                         width * sizeof(float));
-            sh.meta(row).last_step = last;
+            sh.touch(row, last);
             sh.reference(row);
           }
           if (restore) {

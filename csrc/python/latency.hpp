@@ -34,7 +34,8 @@ struct TimerSnapshot {
 
 inline TimerSnapshot take_snapshot(const embstore::Table& t) {
   TimerSnapshot snap;
-  for (const auto& h : t.timers()) snap.timers.push_back(h.snapshot());
+  const embstore::TimerSet& timers = t.timers();
+  for (size_t k = 0; k < timers.size(); ++k) snap.timers.push_back(timers[k].snapshot());
   return snap;
 }
 

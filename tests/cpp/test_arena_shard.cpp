@@ -155,11 +155,11 @@ TEST_CASE(shard_link_find_unlink) {
     const uint32_t row = sh.claim_unused_row();
     CHECK(row == i);  // never-used rows in order
     sh.link(ids[i], mix64(ids[i]), row, 0);
-    CHECK(sh.meta(row).id == ids[i]);
+    CHECK(sh.id_of(row) == ids[i]);
     CHECK(sh.meta(row).aux == kNoRow);
     CHECK(sh.occupied(row));
     CHECK(sh.dirty(row));  // new rows are dirty until a checkpoint
-    CHECK(sh.meta(row).last_step == 0);
+    CHECK(sh.last_step(row) == 0);
     CHECK(sh.referenced(row));  // set on insert
     CHECK(sh.counters.size.load() == i + 1);
   }
@@ -174,6 +174,8 @@ TEST_CASE(shard_link_find_unlink) {
   CHECK(sh.unlink_and_free(ids[3], mix64(ids[3])) == kNoRow);  // already gone
   CHECK(sh.unlink_and_free(999, mix64(999)) == kNoRow);        // never there
   CHECK(sh.counters.size.load() == 7);
+  sh.touch(5, 9);  // a step on a row that is then freed and reused ...
+  CHECK(sh.last_step(5) == 9);
   CHECK(sh.unlink_and_free(ids[5], mix64(ids[5])) == 5);
   for (uint32_t i = 0; i < ids.size(); ++i) {
     if (i != 3 && i != 5) CHECK(sh.find(ids[i], mix64(ids[i])) == i);
@@ -185,6 +187,7 @@ TEST_CASE(shard_link_find_unlink) {
   CHECK(!sh.has_unclaimed_row());
   sh.link(77, mix64(77), 5, 0);
   sh.link(78, mix64(78), 3, 0);
+  CHECK(sh.last_step(5) == 0 && sh.last_step(3) == 0);  // ... gets its new id's step
   CHECK(sh.find(77, mix64(77)) == 5);
   CHECK(sh.find(78, mix64(78)) == 3);
   CHECK(sh.counters.size.load() == 8);
@@ -319,7 +322,7 @@ EMBSTORE_NO_SANITIZE_THREAD bool marking_probe(Shard& sh, uint64_t id, bool& wro
   if ((v & 1) != 0) return false;
   const uint32_t row = sh.find_optimistic<true>(id, mix64(id));
   if (row == kRetry) return false;
-  const uint64_t held = row == kNoRow ? id : sh.meta(row).id;
+  const uint64_t held = row == kNoRow ? id : sh.id_of(row);
   if (!sh.read_valid(v)) return false;
   wrong = held != id;
   return true;
@@ -379,7 +382,7 @@ TEST_CASE(shard_read_marks_racing_writers_never_break_the_index) {
       marks_seen += (rp1 & kReadMark) != 0;
       const uint32_t row = index.slots[pos].row();
       if (rp1 == kReadMark || row >= kRows || !sh.occupied(row) ||
-          sh.meta(row).id != index.slots[pos].id) {
+          sh.id_of(row) != index.slots[pos].id) {
         ++violations;
       }
     }

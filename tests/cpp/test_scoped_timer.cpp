@@ -1,6 +1,6 @@
 // Named layer timers (embstore/scoped_timer.hpp): one histogram per name, ScopedTimer
 // records into it, bad names throw, snapshot_all lists by name, reset_all clears, and
-// recording from many threads loses nothing.
+// recording from many threads loses nothing; a table's TimerSet allocates on first record.
 #include <cstdio>     // std::printf, std::fprintf
 #include <cstdlib>    // std::exit
 #include <stdexcept>  // std::invalid_argument
@@ -8,6 +8,7 @@
 #include <thread>     // std::thread
 #include <vector>     // std::vector
 
+#include "embstore/metrics.hpp"       // TimerSet
 #include "embstore/scoped_timer.hpp"
 
 namespace m = embstore::metrics;
@@ -68,6 +69,24 @@ int main() {
   embstore::set_metrics_enabled(true);
   m::reset_all();
   CHECK(count(a) == 0 && count(m::histogram("test.Threads.Total")) == 0);
+
+  // A table's TimerSet: histograms appear on first record, racing first records all count.
+  for (int round = 0; round < 20; ++round) {
+    embstore::TimerSet set;
+    CHECK(count(set[2]) == 0 && set[2].snapshot().resets == 0);  // never recorded: empty
+    set.reset();  // nothing allocated yet: still fine
+    std::vector<std::thread> racers;
+    for (int k = 0; k < 4; ++k) {
+      racers.emplace_back([&set] {
+        for (int i = 0; i < 100; ++i) set.get(2)->record(1000);
+      });
+    }
+    for (auto& t : racers) t.join();
+    CHECK(count(set[2]) == 400 && count(set[3]) == 0);
+    CHECK(set.get(2) == &set[2]);  // one histogram per slot
+    set.reset();
+    CHECK(count(set[2]) == 0 && set[2].snapshot().resets == 1);
+  }
   std::printf("test_scoped_timer: ok\n");
   return 0;
 }

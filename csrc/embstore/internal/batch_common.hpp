@@ -112,9 +112,9 @@ class StageClock {
     if (!on_) return;
     const uint64_t total = to_ns(std::chrono::steady_clock::now() - start_);
     for (const auto& r : requests) {
-      r.table->timer(op).record(total);
+      r.table->record_latency(op, total);
       for (size_t k = 0; k < ns_.size(); ++k) {
-        if (ns_[k] != 0) r.table->timer(static_cast<Timer>(k)).record(ns_[k]);
+        if (ns_[k] != 0) r.table->record_latency(static_cast<Timer>(k), ns_[k]);
       }
     }
   }
