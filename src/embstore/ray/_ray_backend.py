@@ -179,6 +179,10 @@ class RayBackend:
     def submit(self, shard: int, method: str, *args: Any) -> _Call:
         return _Call(self.actors[shard].call.remote(method, *args), method, args)
 
+    def submit_all(self, method: str, calls: list[tuple[Any, ...]]) -> list[_Call]:
+        """``method`` on every shard (``calls[k]``: shard k's arguments)."""
+        return [self.submit(k, method, *args) for k, args in enumerate(calls)]
+
     def put(self, value: Any) -> Any:
         return ray.put(value)
 
