@@ -106,9 +106,6 @@ class LocalBackend:
         ns = time.perf_counter_ns() - start
         return [Done.of(ns, err) for err in errors]
 
-    def put(self, value: Any) -> Any:
-        return value
-
     def result(self, shard: int, future: Any, applied: str) -> Any:
         if future.error is not None:
             raise future.error

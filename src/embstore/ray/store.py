@@ -362,7 +362,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
             fwd = self._forwards.get(name)
             if fwd is not None and (token is None or fwd.token == token):
                 del self._forwards[name]
-        full = self._backend.put({n: c[2] for n, c in zip(names, checked, strict=True)})
+        full = {n: c[2] for n, c in zip(names, checked, strict=True)}  # sent once
         calls = [
             (token, full, {n: p.part(shard) for n, p in plans.items()})
             for shard in range(self._num_shards)
