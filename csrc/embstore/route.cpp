@@ -1,6 +1,9 @@
 #include "embstore/route.hpp"
 
-#include "embstore/validate.hpp"  // validate_offsets, validate_finite
+#include <algorithm>  // std::min
+
+#include "embstore/thread_pool.hpp"  // ThreadPool
+#include "embstore/validate.hpp"     // validate_offsets, validate_finite
 
 namespace embstore {
 
@@ -22,10 +25,8 @@ RouteCounts count_routes(const RouteRequest& r, uint32_t num_routes, uint64_t sa
       const uint32_t s = route_of(r.keys[i], salt, num_routes);
       route[i] = s;
       ++key_count[s];
-      if (last_bag[s] != bag) {
-        last_bag[s] = bag;
-        ++bag_count[s];
-      }
+      bag_count[s] += last_bag[s] != bag;  // branch-free: which route comes next is random
+      last_bag[s] = bag;
     }
   }
   RouteCounts c;
@@ -66,6 +67,37 @@ void fill_routes(const RouteRequest& r, const uint32_t* route, const RouteCounts
   for (size_t s = 0; s < R; ++s) {
     out.offsets[static_cast<size_t>(c.bag_start[s + 1]) + s] = c.key_start[s + 1] - c.key_start[s];
   }
+}
+
+size_t route_workers(const std::vector<RouteRequest>& requests) {
+  size_t n = 0;
+  for (const RouteRequest& r : requests) n += r.n;
+  if (requests.size() < 2 || n < kParallelRouteIds) return 1;
+  const size_t workers = std::min(requests.size(), ThreadPool::hardware_threads());
+  ThreadPool::global().ensure_helpers(workers - 1);
+  return workers;
+}
+
+std::vector<RouteCounts> count_routes_many(const std::vector<RouteRequest>& requests,
+                                           uint32_t num_routes, uint64_t salt, uint32_t* route,
+                                           size_t workers) {
+  std::vector<size_t> first(requests.size(), 0);
+  for (size_t k = 1; k < requests.size(); ++k) first[k] = first[k - 1] + requests[k - 1].n;
+  std::vector<RouteCounts> counts(requests.size());
+  ThreadPool::global().run(requests.size(), workers, [&](size_t k) {
+    counts[k] = count_routes(requests[k], num_routes, salt, route + first[k]);
+  });
+  return counts;
+}
+
+void fill_routes_many(const std::vector<RouteRequest>& requests, const uint32_t* route,
+                      const std::vector<RouteCounts>& counts,
+                      const std::vector<RouteOutput>& outputs, size_t workers) {
+  std::vector<size_t> first(requests.size(), 0);
+  for (size_t k = 1; k < requests.size(); ++k) first[k] = first[k - 1] + requests[k - 1].n;
+  ThreadPool::global().run(requests.size(), workers, [&](size_t k) {
+    fill_routes(requests[k], route + first[k], counts[k], outputs[k]);
+  });
 }
 
 void add_rows(float* out, size_t dim, const int64_t* bags, size_t count,

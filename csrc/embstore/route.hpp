@@ -74,6 +74,23 @@ RouteCounts count_routes(const RouteRequest& request, uint32_t num_routes, uint6
 void fill_routes(const RouteRequest& request, const uint32_t* route, const RouteCounts& counts,
                  const RouteOutput& out);
 
+// Below this many ids in all, a batch is routed on the calling thread alone (handing
+// tasks to helper threads costs more than it saves).
+constexpr size_t kParallelRouteIds = 32768;
+
+// The threads to route `requests` on: one per request up to the machine's threads, or 1
+// for a small batch; makes sure the global pool has the helpers.
+size_t route_workers(const std::vector<RouteRequest>& requests);
+
+// count_routes / fill_routes of every request, one task per request on up to `workers`
+// threads of the global pool; request k's routes live at route[n_0 + ... + n_{k-1}].
+std::vector<RouteCounts> count_routes_many(const std::vector<RouteRequest>& requests,
+                                           uint32_t num_routes, uint64_t salt, uint32_t* route,
+                                           size_t workers);
+void fill_routes_many(const std::vector<RouteRequest>& requests, const uint32_t* route,
+                      const std::vector<RouteCounts>& counts,
+                      const std::vector<RouteOutput>& outputs, size_t workers);
+
 // out[bags[j]] += rows[j] for j in [0, count) (rows of `dim` floats): adds one route's
 // partial pooled sums into the whole batch's. Bags must be < the rows of `out`.
 void add_rows(float* out, size_t dim, const int64_t* bags, size_t count,

@@ -105,15 +105,13 @@ py::object route_batches(const py::list& batches, const std::vector<std::string>
   thread_local std::vector<uint32_t> route;  // reused: no page faults per batch
   if (split && route.size() < first[R]) route.resize(first[R]);
   std::vector<embstore::RouteCounts> counts;
+  size_t workers = 1;
   {
     py::gil_scoped_release release;
     embstore::validate_route_requests(requests);
     if (split) {
-      counts.reserve(R);
-      for (size_t k = 0; k < R; ++k) {
-        counts.push_back(
-            embstore::count_routes(requests[k], num_routes, salt, route.data() + first[k]));
-      }
+      workers = embstore::route_workers(requests);
+      counts = embstore::count_routes_many(requests, num_routes, salt, route.data(), workers);
     }
   }
   if (!split) return py::none();
@@ -145,9 +143,7 @@ py::object route_batches(const py::list& batches, const std::vector<std::string>
   }
   {
     py::gil_scoped_release release;
-    for (size_t k = 0; k < R; ++k) {
-      embstore::fill_routes(requests[k], route.data() + first[k], counts[k], outputs[k]);
-    }
+    embstore::fill_routes_many(requests, route.data(), counts, outputs, workers);
   }
   return std::move(out);
 }

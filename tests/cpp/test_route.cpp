@@ -94,6 +94,55 @@ void split_matches_a_direct_reconstruction() {
   }
 }
 
+void many_requests_on_the_pool_match_one_by_one() {
+  std::mt19937_64 rng(3);
+  const size_t R = 7;
+  const uint32_t routes = 3;
+  std::vector<embstore_test::Ids> keys(R);
+  std::vector<embstore_test::Offsets> offs(R);
+  std::vector<embstore::RouteRequest> requests(R);
+  size_t total = 0;
+  for (size_t k = 0; k < R; ++k) {
+    const size_t n = rng() % 5000, bags = 1 + rng() % 600;
+    keys[k].resize(n);
+    for (uint64_t& x : keys[k]) x = rng() % 3000;
+    offs[k] = embstore_test::random_offsets(rng, n, bags);
+    requests[k].keys = keys[k].data();
+    requests[k].n = n;
+    requests[k].offsets = offs[k].data();
+    requests[k].num_bags = bags;
+    total += n;
+  }
+  std::vector<uint32_t> route(total), one_route(total);
+  const std::vector<embstore::RouteCounts> counts =
+      embstore::count_routes_many(requests, routes, 7, route.data(), 2);
+  std::vector<std::vector<int64_t>> order(R), bags(R), off(R);
+  std::vector<embstore_test::Ids> out_keys(R);
+  std::vector<embstore::RouteOutput> outputs(R);
+  for (size_t k = 0; k < R; ++k) {
+    order[k].resize(counts[k].num_keys());
+    out_keys[k].resize(counts[k].num_keys());
+    bags[k].resize(counts[k].num_bags());
+    off[k].resize(counts[k].num_offsets());
+    outputs[k] = {order[k].data(), out_keys[k].data(), nullptr,
+                  nullptr,         bags[k].data(),     off[k].data()};
+  }
+  embstore::fill_routes_many(requests, route.data(), counts, outputs, 2);
+  size_t first = 0;
+  for (size_t k = 0; k < R; ++k) {
+    const embstore::RouteCounts c =
+        embstore::count_routes(requests[k], routes, 7, one_route.data() + first);
+    CHECK(c.key_start == counts[k].key_start && c.bag_start == counts[k].bag_start);
+    std::vector<int64_t> o(c.num_keys()), b(c.num_bags()), f(c.num_offsets());
+    embstore_test::Ids ks(c.num_keys());
+    embstore::fill_routes(requests[k], one_route.data() + first, c,
+                          {o.data(), ks.data(), nullptr, nullptr, b.data(), f.data()});
+    CHECK(o == order[k] && ks == out_keys[k] && b == bags[k] && f == off[k]);
+    first += requests[k].n;
+  }
+  CHECK(route == one_route);
+}
+
 void validation_raises_the_batch_calls_errors() {
   const uint64_t keys[3] = {1, 2, 3};
   const int64_t bad[2] = {0, 2};
@@ -117,6 +166,7 @@ void validation_raises_the_batch_calls_errors() {
 int main() {
   route_of_is_the_high_word_of_the_product();
   split_matches_a_direct_reconstruction();
+  many_requests_on_the_pool_match_one_by_one();
   validation_raises_the_batch_calls_errors();
   if (failures != 0) {
     std::fprintf(stderr, "test_route: %d checks failed\n", failures);

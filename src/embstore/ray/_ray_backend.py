@@ -5,6 +5,11 @@ submission order), so an apply sent with ``wait=False`` is applied before any la
 from the same client on that shard. Applies are never retried (``max_task_retries=0``);
 with ``restore="checkpoint"`` Ray restarts a dead actor (``max_restarts=-1``) and it reloads
 its part of the last committed checkpoint; the client retries lookups on it.
+
+With ``restore="fail"`` a store's training calls go through a compiled graph
+(``_compiled``) over the actors it spawned; when that graph fails, it is torn down, the
+actors are probed, and the dead ones are the lost shards (a live shard's lookup is sent
+again as an ordinary call). The graph is compiled again on the next training call.
 """
 
 from __future__ import annotations
@@ -12,15 +17,18 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import ray
 import ray.exceptions
 
 from embstore import _sharded, metrics
 from embstore.errors import ShardLostError
+from embstore.ray import _compiled
 from embstore.ray.shard import ShardServer
 from embstore.spec import TableSpec
 
@@ -29,10 +37,15 @@ __all__ = ["RayBackend"]
 NAMESPACE = "embstore"
 #: Retries of a lookup on a shard that is restarting (restore="checkpoint").
 LOOKUP_RETRIES = 3
+#: Before reading a compiled call's answers the client sleeps this share of the last such
+#: call's fastest shard time (reading polls a core), unless under MIN_SLEEP_NS is left.
+SLEEP_SHARE = 0.8
+MIN_SLEEP_NS = 1_000_000
 
 
 class ShardActor:
-    """The actor: a ShardServer; every reply carries the actor's incarnation."""
+    """The actor: a ShardServer; every reply carries the actor's incarnation. Ordinary
+    calls and compiled-graph steps run on different threads: a lock serialises them."""
 
     def __init__(
         self,
@@ -46,13 +59,39 @@ class ShardActor:
         if restarted and ckpt and os.path.exists(os.path.join(ckpt, _sharded.MANIFEST)):
             source = _sharded.open_source(ckpt)
         self.server = ShardServer.create(meta["specs"], shard, meta["num_shards"], source)
+        self.lock = threading.Lock()
         _report_per_shard(shard)
 
     def call(self, method: str, *args: Any) -> tuple[str, Any]:
-        return self.server.incarnation, getattr(self.server, method)(*args)
+        with self.lock:
+            return self.server.incarnation, getattr(self.server, method)(*args)
+
+    def step(self, request: tuple[str, tuple[Any, ...]]) -> tuple[str, Any, Exception | None]:
+        """A compiled-graph call: (incarnation, value, error); the error comes back as a
+        value so that the graph keeps running."""
+        method, args = request
+        if method == "lookup":  # the shard keeps the routed keys until the apply
+            args = _owned(args)
+        try:
+            incarnation, value = self.call(method, *args)
+        except Exception as e:  # noqa: BLE001  (raised by the client)
+            return self.server.incarnation, None, e
+        return incarnation, value, None
 
     def get_meta(self) -> dict[str, Any]:
         return self.meta
+
+
+def _owned(value: Any) -> Any:
+    """``value`` with every array copied out of the channel's buffer: a shard keeps a
+    forward's keys until its apply, and arrays still viewing the buffer would hold it."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, tuple):
+        return tuple(_owned(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _owned(v) for k, v in value.items()}
+    return value
 
 
 def _report_per_shard(shard: int) -> None:
@@ -82,12 +121,16 @@ def _wait_name_free(name: str, timeout_s: float = 60.0) -> None:
 
 
 class _Call:
-    __slots__ = ("args", "method", "ref")
+    __slots__ = ("args", "compiled", "method", "ref", "submitted")
 
-    def __init__(self, ref: Any, method: str, args: tuple[Any, ...]) -> None:
+    def __init__(
+        self, ref: Any, method: str, args: tuple[Any, ...], compiled: bool = False
+    ) -> None:
         self.ref = ref
         self.method = method
         self.args = args
+        self.compiled = compiled
+        self.submitted = time.perf_counter_ns()
 
 
 _LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
@@ -130,6 +173,11 @@ class RayBackend:
         self.incarnations: list[str | None] = [None] * num_shards
         self.restarts = [0] * num_shards
         self.dead = [False] * num_shards
+        # A compiled graph needs actors no other client drives through one (not attached).
+        self._use_compiled = restore == "fail" and actors is None and _compiled.enabled()
+        self._compiled: _compiled.CompiledSteps | None = None
+        self._compiled_dead: set[int] = set()  # shards found dead when the graph failed
+        self._shard_ns: dict[str, int] = {}  # the last call's fastest shard time, by method
         self.actors = actors if actors is not None else self._spawn(source)
 
     def _spawn(self, source: _sharded.Source | None) -> list[Any]:
@@ -179,10 +227,81 @@ class RayBackend:
     def submit(self, shard: int, method: str, *args: Any) -> _Call:
         return _Call(self.actors[shard].call.remote(method, *args), method, args)
 
-    def put(self, value: Any) -> Any:
-        return ray.put(value)
+    def submit_all(self, method: str, calls: list[tuple[Any, ...]]) -> list[_Call]:
+        """``method`` on every shard (``calls[k]``: shard k's arguments). Lookups and applies
+        go through the compiled graph when there is one; otherwise an apply's bag gradients
+        (``calls[k][1]``, the same for every shard) are put in the object store once."""
+        steps = self._steps() if method in ("lookup", "apply") else None
+        if steps is not None:
+            try:
+                refs = steps.execute([(method, args) for args in calls])
+            except ray.exceptions.RayError:  # a dead actor: ordinary calls tell which
+                self._compiled_failed()
+            else:
+                return [
+                    _Call(ref, method, args, compiled=True)
+                    for ref, args in zip(refs, calls, strict=True)
+                ]
+        if method == "apply" and calls:
+            ref = ray.put(calls[0][1])
+            calls = [(args[0], ref, *args[2:]) for args in calls]
+        return [self.submit(k, method, *args) for k, args in enumerate(calls)]
+
+    def _steps(self) -> _compiled.CompiledSteps | None:
+        if self._compiled is None and self._use_compiled:
+            try:
+                self._compiled = _compiled.CompiledSteps(self.actors)
+            except Exception:  # noqa: BLE001  (e.g. a dead actor: ordinary calls instead)
+                return None
+            self._compiled_dead = set()
+        return self._compiled
+
+    def _compiled_failed(self) -> None:
+        """Tears the failed graph down and finds which actors are dead."""
+        if self._compiled is None:
+            return
+        steps, self._compiled = self._compiled, None
+        steps.teardown()
+        self._compiled_dead = set()
+        for k, actor in enumerate(self.actors):
+            try:
+                ray.get(actor.call.remote("health"), timeout=60)
+            except _LOST:
+                self._compiled_dead.add(k)
+            except ray.exceptions.GetTimeoutError:
+                pass
+
+    def _compiled_result(self, shard: int, future: _Call, applied: str) -> Any:
+        # A compiled graph's reader polls its channel on a core; on a machine the shards
+        # share, that core is theirs: sleep through most of the expected shard time first.
+        expected = SLEEP_SHARE * self._shard_ns.get(future.method, 0)
+        wait = expected - (time.perf_counter_ns() - future.submitted)
+        if wait > MIN_SLEEP_NS:
+            time.sleep(wait / 1e9)
+        try:
+            incarnation, value, error = _compiled.CompiledSteps.get(future.ref)
+        except ray.exceptions.RayError as e:  # the graph failed (application errors are values)
+            self._compiled_failed()
+            if shard in self._compiled_dead:
+                self.dead[shard] = True
+                raise ShardLostError(shard, applied, e) from e
+            if future.method == "lookup":  # lookups may be sent again
+                return self.result(shard, self.submit(shard, "lookup", *future.args), applied)
+            if self._compiled_dead:  # another shard is lost: the store stops anyway
+                return 0
+            raise ShardLostError(shard, "unknown", e) from e
+        if error is not None:
+            raise error
+        self._seen(shard, incarnation)
+        ns = int(value[1] if future.method == "lookup" else value)
+        self._shard_ns[future.method] = (
+            ns if shard == 0 else min(ns, self._shard_ns.get(future.method, ns))
+        )
+        return value
 
     def result(self, shard: int, future: _Call, applied: str) -> Any:
+        if future.compiled:
+            return self._compiled_result(shard, future, applied)
         tries = (
             LOOKUP_RETRIES if self.restore_mode == "checkpoint" and future.method == "lookup" else 0
         )
@@ -225,7 +344,13 @@ class RayBackend:
             out.append(entry)
         return out
 
+    def _drop_compiled(self) -> None:
+        if self._compiled is not None:
+            self._compiled.teardown()
+            self._compiled = None
+
     def restart(self, specs: Mapping[str, TableSpec], source: _sharded.Source) -> None:
+        self._drop_compiled()
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         if self.meta["name"] is not None:  # new actors take the names once they are free
@@ -236,6 +361,7 @@ class RayBackend:
         self.actors = self._spawn(source)
 
     def close(self) -> None:
+        self._drop_compiled()
         for actor in self.actors:
             with contextlib.suppress(Exception):  # already gone
                 ray.kill(actor, no_restart=True)

@@ -74,6 +74,14 @@ class ShardServer:
         """Partial pooled sums of the bags this shard touches (or, ``exact``, each id's row),
         per table; and the time taken (ns)."""
         start = time.perf_counter_ns()
+        features = self.lookup_features(batch, exact)
+        outs = self.group.lookup_sum(features, mode="sum", insert=insert) if features else {}
+        self.looked_up(token, batch, insert)
+        return outs, time.perf_counter_ns() - start
+
+    @staticmethod
+    def lookup_features(batch: Mapping[str, Routed], exact: bool) -> dict[str, tuple[Any, ...]]:
+        """The group lookup_sum features of a routed ``batch`` (``exact``: one bag per id)."""
         features: dict[str, tuple[Any, ...]] = {}
         for name, (keys, offsets, _bags, weights, _coef) in batch.items():
             if exact:
@@ -82,12 +90,14 @@ class ShardServer:
                 features[name] = (keys, offsets)
             else:
                 features[name] = (keys, offsets, weights)
-        outs = self.group.lookup_sum(features, mode="sum", insert=insert) if features else {}
+        return features
+
+    def looked_up(self, token: int, batch: Mapping[str, Routed], insert: bool) -> None:
+        """Keeps a training forward's ``batch`` under ``token`` for its apply."""
         if insert:
             self._pending[token] = batch
             while len(self._pending) > MAX_PENDING:
                 self._pending.popitem(last=False)
-        return outs, time.perf_counter_ns() - start
 
     def apply(
         self,
@@ -99,6 +109,19 @@ class ShardServer:
         forward ``token`` (tables in ``routed`` bring their own routed keys instead).
         Returns the time taken (ns)."""
         start = time.perf_counter_ns()
+        entries = self.apply_entries(token, grads, routed)
+        if entries:
+            self.group.apply_gradients(entries, mode="sum")
+        return time.perf_counter_ns() - start
+
+    def apply_entries(
+        self,
+        token: int | None,
+        grads: Mapping[str, npt.NDArray[np.float32]],
+        routed: Mapping[str, Routed],
+    ) -> dict[str, tuple[Any, ...]]:
+        """The group apply_gradients entries of an apply (see :meth:`apply`); the forward
+        ``token``'s tables it covers are consumed (each table's keys apply once)."""
         forward = self._pending.get(token) if token is not None else None
         entries: dict[str, tuple[Any, ...]] = {}
         for name, g in grads.items():
@@ -114,19 +137,17 @@ class ShardServer:
             keys, offsets, bags, weights, coef = part
             factor = coef if coef is not None else weights
             # A shard that touched every bag (usual at L=8) takes the gradients as they are.
-            bag_grads = g if bags.shape[0] == g.shape[0] else np.ascontiguousarray(g[bags])
+            bag_grads = g if bags.shape[0] == g.shape[0] else g.take(bags, axis=0)
             entries[name] = (
                 (keys, offsets, bag_grads) if factor is None else (keys, offsets, bag_grads, factor)
             )
-        if forward is not None and token is not None:  # each table's keys apply once
+        if forward is not None and token is not None:
             rest = {n: v for n, v in forward.items() if n not in grads or n in routed}
             if rest:
                 self._pending[token] = rest
             else:
                 del self._pending[token]
-        if entries:
-            self.group.apply_gradients(entries, mode="sum")
-        return time.perf_counter_ns() - start
+        return entries
 
     # -- management ----------------------------------------------------------------------
     def save(self, directory: str) -> None:

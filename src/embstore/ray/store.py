@@ -265,6 +265,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         shards' partial sums are added in another order); ``exact=True`` returns them bit for
         bit (shards send each id's row; the client pools them in order)."""
         code = _arrays.mode_code(mode)
+        insert, exact = bool(insert), bool(exact)
         names, checked = self._checked(features, "features", _arrays.lookup_entry)
         self._usable()
         t0 = time.perf_counter_ns()
@@ -272,11 +273,11 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         plans = _pool.route(names, batches, self._num_shards, mean=code == 1)
         token = next(self._tokens)
         t1 = time.perf_counter_ns()
-        futures = []
-        for shard in range(self._num_shards):
-            batch = {n: p.part(shard) for n, p in zip(names, plans, strict=True)}
-            call = self._backend.submit(shard, "lookup", token, batch, bool(insert), bool(exact))
-            futures.append((shard, call))
+        calls = [
+            (token, {n: p.part(shard) for n, p in zip(names, plans, strict=True)}, insert, exact)
+            for shard in range(self._num_shards)
+        ]
+        futures = list(enumerate(self._backend.submit_all("lookup", calls)))
         answers = self._results(futures, "no")
         t2 = time.perf_counter_ns()
         outs: dict[str, npt.NDArray[np.float32]] = {}
@@ -361,11 +362,12 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
             fwd = self._forwards.get(name)
             if fwd is not None and (token is None or fwd.token == token):
                 del self._forwards[name]
-        full = self._backend.put({n: c[2] for n, c in zip(names, checked, strict=True)})
-        futures = []
-        for shard in range(self._num_shards):
-            routed = {n: p.part(shard) for n, p in plans.items()}
-            futures.append((shard, self._backend.submit(shard, "apply", token, full, routed)))
+        full = {n: c[2] for n, c in zip(names, checked, strict=True)}  # sent once
+        calls = [
+            (token, full, {n: p.part(shard) for n, p in plans.items()})
+            for shard in range(self._num_shards)
+        ]
+        futures = list(enumerate(self._backend.submit_all("apply", calls)))
         handle = ApplyHandle(self, futures)
         if not wait:
             self._unwaited.append(handle)
