@@ -89,6 +89,87 @@ class Trainer(threading.Thread):
             k += 1
 
 
+def _peak_share(saves: list[dict[str, Any]], names: list[str], sizes: dict[str, int]) -> float:
+    """The largest extra RSS of one table's save, as a share of that table's arena."""
+    return max(s.get("peak_extra_bytes", 0) / sizes[n] for s, n in zip(saves, names, strict=True))
+
+
+def _round_trips(
+    args: argparse.Namespace, group: Any, files: dict[str, Path], sizes: dict[str, int]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``args.repeats`` saves of every table, each followed by loading them back."""
+    saves_out: list[dict[str, Any]] = []
+    loads_out: list[dict[str, Any]] = []
+    for rep in range(args.repeats):
+        saves = [timed_save(group[n], files[n]) for n in group.names]
+        total = sum(s["bytes"] for s in saves)
+        secs = sum(s["seconds"] for s in saves)
+        peak = _peak_share(saves, group.names, sizes)
+        saves_out.append(
+            {
+                "gb_per_s": total / secs / 1e9,
+                "seconds": secs,
+                "bytes": total,
+                "peak_extra_share": peak,
+            }
+        )
+        t0 = time.perf_counter()
+        for n in group.names:
+            embstore.Table.load(files[n], num_threads=args.threads).close()
+        secs = time.perf_counter() - t0
+        loads_out.append({"gb_per_s": total / secs / 1e9, "seconds": secs})
+        print(
+            f"repeat {rep}: save {saves_out[-1]['gb_per_s']:.2f} GB/s "
+            f"(peak extra RSS {100 * peak:.2f}% of a table), "
+            f"load {loads_out[-1]['gb_per_s']:.2f} GB/s",
+            flush=True,
+        )
+    return saves_out, loads_out
+
+
+def _while_training(
+    args: argparse.Namespace,
+    group: Any,
+    data: Any,
+    files: dict[str, Path],
+    sizes: dict[str, int],
+) -> dict[str, Any]:
+    """Every table saved once while a trainer thread runs W1 steps; step times during the
+    saves against the others."""
+    workload = make_workload(
+        num_tables=args.tables,
+        universe=args.universe,
+        batch_size=2048,
+        pooling=8,
+        dim=args.dim,
+        num_batches=20,
+        tables=data,
+    )
+    trainer = Trainer(group, workload)
+    trainer.start()
+    time.sleep(2.0)
+    windows = []
+    saves = []
+    for n in group.names:
+        a = time.perf_counter()
+        saves.append(timed_save(group[n], files[n]))
+        windows.append((a, time.perf_counter()))
+        time.sleep(0.3)
+    time.sleep(1.0)
+    trainer.stop.set()
+    trainer.join()
+    during = [d for s, d in trainer.step_times if any(a <= s <= b for a, b in windows)]
+    quiet = [d for s, d in trainer.step_times[5:] if not any(a <= s <= b for a, b in windows)]
+    total = sum(s["bytes"] for s in saves)
+    return {
+        "save_gb_per_s": total / sum(s["seconds"] for s in saves) / 1e9,
+        "peak_extra_share": _peak_share(saves, group.names, sizes),
+        "steps_during_saves": len(during),
+        "step_ms_during_save": 1e3 * statistics.median(during) if during else None,
+        "step_ms_otherwise": 1e3 * statistics.median(quiet) if quiet else None,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     data = make_tables(args.tables, args.universe)
     t0 = time.perf_counter()
@@ -98,79 +179,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     directory = Path(args.dir) / f"embstore-ckpt-bench-{os.getpid()}"
     directory.mkdir(parents=True, exist_ok=True)
     files = {name: directory / f"{name}.ckpt" for name in group.names}
-    table_bytes = {n: t.stats()["arena_bytes_in_use"] for n, t in group.items()}
+    sizes = {n: t.stats()["arena_bytes_in_use"] for n, t in group.items()}
     result: dict[str, Any] = {
         "tables": args.tables,
         "rows_per_table": args.universe,
         "dim": args.dim,
         "dir": str(args.dir),
-        "saves": [],
-        "loads": [],
     }
     try:
-        for rep in range(args.repeats):
-            saves = [timed_save(group[n], files[n]) for n in group.names]
-            total = sum(s["bytes"] for s in saves)
-            secs = sum(s["seconds"] for s in saves)
-            peak = max(
-                s.get("peak_extra_bytes", 0) / table_bytes[n]
-                for s, n in zip(saves, group.names, strict=True)
-            )
-            result["saves"].append(
-                {
-                    "gb_per_s": total / secs / 1e9,
-                    "seconds": secs,
-                    "bytes": total,
-                    "peak_extra_share": peak,
-                }
-            )
-            t0 = time.perf_counter()
-            for n in group.names:
-                embstore.Table.load(files[n], num_threads=args.threads).close()
-            secs = time.perf_counter() - t0
-            result["loads"].append({"gb_per_s": total / secs / 1e9, "seconds": secs})
-            print(
-                f"repeat {rep}: save {result['saves'][-1]['gb_per_s']:.2f} GB/s "
-                f"(peak extra RSS {100 * peak:.2f}% of a table), "
-                f"load {result['loads'][-1]['gb_per_s']:.2f} GB/s",
-                flush=True,
-            )
-        # Saving while training runs.
-        workload = make_workload(
-            num_tables=args.tables,
-            universe=args.universe,
-            batch_size=2048,
-            pooling=8,
-            dim=args.dim,
-            num_batches=20,
-            tables=data,
-        )
-        trainer = Trainer(group, workload)
-        trainer.start()
-        time.sleep(2.0)
-        windows = []
-        saves = []
-        for n in group.names:
-            a = time.perf_counter()
-            saves.append(timed_save(group[n], files[n]))
-            windows.append((a, time.perf_counter()))
-            time.sleep(0.3)
-        time.sleep(1.0)
-        trainer.stop.set()
-        trainer.join()
-        during = [d for s, d in trainer.step_times if any(a <= s <= b for a, b in windows)]
-        quiet = [d for s, d in trainer.step_times[5:] if not any(a <= s <= b for a, b in windows)]
-        total = sum(s["bytes"] for s in saves)
-        result["with_training"] = {
-            "save_gb_per_s": total / sum(s["seconds"] for s in saves) / 1e9,
-            "peak_extra_share": max(
-                s.get("peak_extra_bytes", 0) / table_bytes[n]
-                for s, n in zip(saves, group.names, strict=True)
-            ),
-            "steps_during_saves": len(during),
-            "step_ms_during_save": 1e3 * statistics.median(during) if during else None,
-            "step_ms_otherwise": 1e3 * statistics.median(quiet) if quiet else None,
-        }
+        result["saves"], result["loads"] = _round_trips(args, group, files, sizes)
+        result["with_training"] = _while_training(args, group, data, files, sizes)
         print("while training:", json.dumps(result["with_training"]), flush=True)
         # A delta after those steps.
         deltas = [timed_save(group[n], directory / f"{n}.delta", delta=True) for n in group.names]
