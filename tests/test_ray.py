@@ -108,12 +108,26 @@ def test_fail_stop_until_restore(cluster: None, tmp_path: Any, how: str) -> None
         train(store, snapshot, rng, 1, "sum", weighted=False)
 
 
+def _wait_dead(actor: Any) -> None:
+    """``ray.kill`` returns before the actor is gone (a call sent meanwhile may still run):
+    wait, at most 30 s, until a call to it fails."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.call.remote("health"), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    pytest.fail("the killed actor still answers after 30 s")
+
+
 def test_apply_to_a_dead_shard_is_not_known_applied(cluster: None) -> None:
     rng = np.random.default_rng(13)
     with ShardedTableGroup(specs("sgd"), num_shards=2, backend="ray") as store:
         feats = batch(rng, weighted=False)
         store.lookup_sum(feats)
         ray.kill(store._backend.actors[0], no_restart=True)
+        _wait_dead(store._backend.actors[0])
         with pytest.raises(ShardLostError) as info:
             store.apply_gradients(grads_of(rng, feats, DIMS))
         assert info.value.shard == 0
