@@ -322,7 +322,8 @@ EMBSTORE_NO_SANITIZE_THREAD bool marking_probe(Shard& sh, uint64_t id, bool& wro
   if ((v & 1) != 0) return false;
   const uint32_t row = sh.find_optimistic<true>(id, mix64(id));
   if (row == kRetry) return false;
-  const uint64_t held = row == kNoRow ? id : sh.id_of(row);
+  // The id read in this function's own body: a call (id_of) would be instrumented.
+  const uint64_t held = row == kNoRow ? id : uint64_t{sh.meta(row).id};
   if (!sh.read_valid(v)) return false;
   wrong = held != id;
   return true;
