@@ -10,7 +10,7 @@
 namespace embstore::detail {
 
 constexpr size_t kMaxShards = 4096;       // shard ids are kept in uint16 scratch
-constexpr size_t kIdsPerWorker = 2048;    // below this a helper thread costs more than it saves
+constexpr size_t kIdsPerWorker = 1024;    // below this a helper thread costs more than it saves
 constexpr size_t kIdsPerReadTask = 4096;  // optimistic lookup task size (whole bags)
 constexpr size_t kBagsPerPoolTask = 256;  // locked path's pooling task: ~32-256 KiB of output
 
