@@ -303,3 +303,15 @@ def kernels_at(level: str) -> contextlib.AbstractContextManager[None]:
 def pool_spin(us: int) -> contextlib.AbstractContextManager[None]:
     """Runs the block with the worker pool's waits polling for ``us`` microseconds."""
     return core_setting(_core.pool_spin_us, _core.set_pool_spin_us, us)
+
+
+def markdown_table(text: str, first_header: str) -> list[list[str]]:
+    """The cells of the markdown table whose header starts with ``first_header``."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"| {first_header} |"))
+    rows = []
+    for ln in lines[start + 2 :]:
+        if not ln.startswith("|"):
+            break
+        rows.append([c.strip() for c in ln.strip("|").split("|")])
+    return rows

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import markdown_table
 
 from embstore.bench import make_workload
 from embstore.bench.peer_fbgemm import FBGEMM_INSTALL, FbgemmTbePeer, tbe_inputs
@@ -538,18 +539,6 @@ def test_churn_and_readonly_runner_rejects_no_rounds() -> None:
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _table_rows(text: str, first_header: str) -> list[list[str]]:
-    """The cells of the markdown table whose header starts with ``first_header``."""
-    lines = text.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"| {first_header} |"))
-    rows = []
-    for ln in lines[start + 2 :]:
-        if not ln.startswith("|"):
-            break
-        rows.append([c.strip() for c in ln.strip("|").split("|")])
-    return rows
-
-
 def _step(report: dict[str, Any], peer: str, d: int, lp: int, t: int) -> float:
     (row,) = [
         r
@@ -606,7 +595,7 @@ def test_results_page_tables_and_ratios_come_from_the_json(
     assert "## Method" in page
     assert "## W1: training step" in page
     # The W1 table: one line per (D, L, threads), numpy's step and its ratio to embstore's.
-    rows = _table_rows(page, "D")
+    rows = markdown_table(page, "D")
     assert [(int(r[0]), int(r[1]), int(r[2])) for r in rows] == [
         (8, 1, 1),
         (8, 1, 2),
@@ -625,7 +614,7 @@ def test_results_page_tables_and_ratios_come_from_the_json(
     assert "| 30.0 | 40.0 | 0.75x | 0.30 | 0.50-0.60 | 0.100 |" in page
     # The README table: embstore at 2 threads against numpy at its best thread count.
     table = readme_table(reports)
-    rrows = _table_rows(table, "D, L")
+    rrows = markdown_table(table, "D, L")
     assert [r[0] for r in rrows] == ["8, 2", "8, 1"]
     for r in rrows:
         lp = int(r[0].split(",")[1])

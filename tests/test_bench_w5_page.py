@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
 W1_JSON = REPO / "bench" / "results" / "w1_d32_xeon.json"
@@ -35,18 +36,6 @@ def w5_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("w5") / "w5.json"
     path.write_text(json.dumps(run(cfg), default=str))
     return path
-
-
-def _table(text: str, first_header: str) -> list[list[str]]:
-    """The cells of the markdown table whose header starts with ``first_header``."""
-    lines = text.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"| {first_header} |"))
-    rows = []
-    for ln in lines[start + 2 :]:
-        if not ln.startswith("|"):
-            break
-        rows.append([c.strip() for c in ln.strip("|").split("|")])
-    return rows
 
 
 def _row(report: dict[str, Any], peer: str, bs: int, t: int) -> dict[str, Any] | None:
@@ -92,7 +81,7 @@ def test_results_page_has_a_w5_section_with_the_runs_figures(w5_json: Path) -> N
         "`python -m embstore bench --workload w5 --universe 300 --batch 64,16 --batches 3 "
         "--warmup 1 --peers embstore,numpy,torch --floor-mib 8`"
     ) in page
-    rows = _table(page[page.index("## W5") :], "B")
+    rows = markdown_table(page[page.index("## W5") :], "B")
     assert [(int(r[0]), int(r[1])) for r in rows] == [(64, 1), (64, 2), (16, 1), (16, 2)]
     has_torch = _row(w5, "torch", 64, 1) is not None
     for cells in rows:
@@ -139,7 +128,7 @@ def test_readme_table_gains_w5_rows(w5_json: Path) -> None:
     w1_lines = w1_only.split("\n\n")[0]
     assert table.startswith(w1_lines + "\n| W5: 16, 1, B=64 |")
     assert table.split("\n\n")[1].startswith(w1_only.split("\n\n")[1] + " W5 rows: ")
-    rows = [r for r in _table(table, "D, L") if r[0].startswith("W5")]
+    rows = [r for r in markdown_table(table, "D, L") if r[0].startswith("W5")]
     assert [r[0] for r in rows] == ["W5: 16, 1, B=64", "W5: 16, 1, B=16"]
     for cells in rows:
         bs = int(cells[0].rsplit("=", 1)[1])
