@@ -649,6 +649,16 @@ def test_cpp_server_save_and_delta_hold_the_rows_it_served(tmp_path: Path) -> No
         restarted.close()
 
 
+def test_cpp_server_ping_moves_the_bytes_asked_for(cpp_server: str) -> None:
+    with ps.Client(cpp_server, timeout=60) as client:
+        reply = client._calls["Ping"](
+            messages["PingRequest"](payload=b"x" * 1000, reply_bytes=4096)
+        )
+        assert reply.payload == bytes(4096)
+        with pytest.raises(ps.PSError, match="reply_bytes must be in"):
+            client.ping(reply_bytes=-1)
+
+
 def test_cpp_server_save_without_checkpoint_dir(cpp_server: str, tmp_path: Path) -> None:
     """Without --checkpoint-dir a Save names its directory (any path); an empty one is a
     ValueError, and a file in the way an OSError, with the store unchanged."""
