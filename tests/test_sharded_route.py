@@ -85,6 +85,10 @@ def test_split_reassembles_the_batch(
     (plan,) = _pool.route(["t"], [(keys, off, w, None)], shards, mean=mean)
     routes = _reshard.route_ids(keys, shards)
     bag_of = np.repeat(np.arange(bags), np.diff(off))
+    # Every shard holds every bag (empty ones too) when each touches >= 7/8 of them.
+    dense = bags > 0 and all(
+        np.unique(bag_of[routes == s]).shape[0] * 8 >= bags * 7 for s in range(shards)
+    )
     seen = []
     for s in range(shards):
         k, o, b, ws, c = plan.part(s)
@@ -92,7 +96,7 @@ def test_split_reassembles_the_batch(
         want = np.nonzero(routes == s)[0]
         np.testing.assert_array_equal(pos, want)  # this shard's ids, in request order
         np.testing.assert_array_equal(k, keys[want])
-        np.testing.assert_array_equal(b, np.unique(bag_of[want]))
+        np.testing.assert_array_equal(b, np.arange(bags) if dense else np.unique(bag_of[want]))
         assert o[0] == 0
         assert o[-1] == k.shape[0]
         assert b.shape[0] + 1 == o.shape[0]

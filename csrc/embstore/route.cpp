@@ -30,11 +30,17 @@ RouteCounts count_routes(const RouteRequest& r, uint32_t num_routes, uint64_t sa
     }
   }
   RouteCounts c;
+  c.dense = r.num_bags > 0;
+  for (size_t s = 0; s < R; ++s) {
+    c.dense = c.dense &&
+              static_cast<size_t>(bag_count[s]) * kDenseDenominator >= r.num_bags * kDenseNumerator;
+  }
   c.key_start.assign(R + 1, 0);
   c.bag_start.assign(R + 1, 0);
   for (size_t s = 0; s < R; ++s) {
     c.key_start[s + 1] = c.key_start[s] + key_count[s];
-    c.bag_start[s + 1] = c.bag_start[s] + bag_count[s];
+    c.bag_start[s + 1] =
+        c.bag_start[s] + (c.dense ? static_cast<int64_t>(r.num_bags) : bag_count[s]);
   }
   return c;
 }
@@ -48,6 +54,14 @@ void fill_routes(const RouteRequest& r, const uint32_t* route, const RouteCounts
   for (size_t b = 0; b < r.num_bags; ++b) {
     const int64_t bag = static_cast<int64_t>(b);
     const float size = static_cast<float>(r.offsets[b + 1] - r.offsets[b]);
+    if (c.dense) {  // every route opens every bag, empty or not
+      for (size_t s = 0; s < R; ++s) {
+        const size_t at = static_cast<size_t>(bag_at[s]++);
+        out.bags[at] = bag;
+        out.offsets[at + s] = key_at[s] - c.key_start[s];
+        last_bag[s] = bag;
+      }
+    }
     for (int64_t i = r.offsets[b]; i < r.offsets[b + 1]; ++i) {
       const uint32_t s = route[i];
       if (last_bag[s] != bag) {  // the first id of this bag on route s opens its sub-bag

@@ -45,13 +45,21 @@ void validate_route_requests(const std::vector<RouteRequest>& requests);
 
 // A request split by route, in two passes so the caller can allocate the outputs between
 // them (count_routes, then fill_routes). Route r holds the ids at positions
-// order[key_start[r]:key_start[r+1]] of the request (in request order) and the bags with at
-// least one of them, bags[bag_start[r]:bag_start[r+1]] (increasing), as its own CSR batch:
-// its keys (and weights, coef) are the same slices of `keys` (`weights`, `coef`), and its
-// offsets, relative to its first key, are offsets[bag_start[r] + r : bag_start[r+1] + r + 1].
+// order[key_start[r]:key_start[r+1]] of the request (in request order) and its bags,
+// bags[bag_start[r]:bag_start[r+1]] (increasing), as its own CSR batch: its keys (and
+// weights, coef) are the same slices of `keys` (`weights`, `coef`), and its offsets,
+// relative to its first key, are offsets[bag_start[r] + r : bag_start[r+1] + r + 1].
+// A route's bags are those with at least one of its ids; or, when every route touches at
+// least kDenseNumerator / kDenseDenominator of the bags (`dense`, usual when bags hold
+// several ids), every bag of the request, empty ones included: then each route's partial
+// sums cover the whole batch (added without a scatter) and an apply takes the bag gradients
+// as they are (no gather), for at most 1/8 more rows of partial sums.
+constexpr size_t kDenseNumerator = 7;
+constexpr size_t kDenseDenominator = 8;
 struct RouteCounts {
   std::vector<int64_t> key_start;  // [num_routes + 1]
   std::vector<int64_t> bag_start;  // [num_routes + 1]
+  bool dense = false;              // every route holds every bag
   size_t num_keys() const { return static_cast<size_t>(key_start.back()); }
   size_t num_bags() const { return static_cast<size_t>(bag_start.back()); }
   size_t num_offsets() const { return num_bags() + key_start.size() - 1; }

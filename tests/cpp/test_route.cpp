@@ -39,9 +39,11 @@ void route_of_is_the_high_word_of_the_product() {
 
 void split_matches_a_direct_reconstruction() {
   std::mt19937_64 rng(2);
+  int dense_trials = 0, sparse_trials = 0;
   for (int t = 0; t < 300; ++t) {
-    const size_t n = rng() % 80, bags = 1 + rng() % 12;
-    const uint32_t R = 1 + rng() % 4;
+    // Odd trials: bags of ~8 ids over 2 routes, mostly dense.
+    const size_t bags = 1 + rng() % 12, n = t % 2 == 1 ? 8 * bags : rng() % 80;
+    const uint32_t R = t % 2 == 1 ? 2 : 1 + rng() % 4;
     embstore_test::Ids keys(n);
     for (uint64_t& k : keys) k = rng() % 25;  // duplicates
     const embstore_test::Offsets off = embstore_test::random_offsets(rng, n, bags);
@@ -61,6 +63,19 @@ void split_matches_a_direct_reconstruction() {
     embstore::fill_routes(r, route.data(), c,
                           {order.data(), out_keys.data(), out_w.data(), coef.data(),
                            sub_bags.data(), sub_off.data()});
+    // Dense exactly when every route touches at least 7/8 of the bags.
+    bool dense = bags > 0;
+    for (uint32_t s = 0; s < R; ++s) {
+      size_t touched = 0;
+      for (size_t b = 0; b < bags; ++b) {
+        bool hit = false;
+        for (int64_t i = off[b]; i < off[b + 1]; ++i) hit |= embstore::route_of(keys[i], 7, R) == s;
+        touched += hit;
+      }
+      dense = dense && touched * 8 >= bags * 7;
+    }
+    CHECK(c.dense == dense);
+    ++(dense ? dense_trials : sparse_trials);
     for (uint32_t s = 0; s < R; ++s) {
       // Expected: this route's ids in request order, and the bags they touch.
       std::vector<int64_t> pos, touched;
@@ -70,6 +85,10 @@ void split_matches_a_direct_reconstruction() {
           if (touched.empty() || touched.back() != static_cast<int64_t>(b)) touched.push_back(b);
           pos.push_back(i);
         }
+      }
+      if (c.dense) {  // every bag, touched or not
+        touched.resize(bags);
+        for (size_t b = 0; b < bags; ++b) touched[b] = static_cast<int64_t>(b);
       }
       const int64_t k0 = c.key_start[s], b0 = c.bag_start[s];
       CHECK(c.key_start[s + 1] - k0 == static_cast<int64_t>(pos.size()));
@@ -92,6 +111,7 @@ void split_matches_a_direct_reconstruction() {
       }
     }
   }
+  CHECK(dense_trials > 20 && sparse_trials > 20);  // both layouts exercised
 }
 
 void many_requests_on_the_pool_match_one_by_one() {
