@@ -12,7 +12,7 @@ import numpy.typing as npt
 from embstore import _arrays, _core
 from embstore._sharded import SALT
 
-__all__ = ["Plan", "pool_in_order", "reduce_partials", "route"]
+__all__ = ["Plan", "pool_in_order", "reduce_partials", "route", "shard_grads"]
 
 F32 = npt.NDArray[np.float32]
 
@@ -55,6 +55,17 @@ def route(
     group call does, then (``split``) splits each by shard, in one GIL-released C++ pass."""
     out = _core.route_batches(list(batches), list(names), num_shards, SALT, mean, split)
     return [] if out is None else [Plan(a) for a in out]
+
+
+def shard_grads(grads: dict[str, F32], plans: dict[str, Plan], shard: int) -> dict[str, F32]:
+    """The bag gradients shard ``shard`` needs: each table's gradients of the bags it holds
+    (all of them, the same array for every shard, when its split holds every bag)."""
+    out = {}
+    for name, g in grads.items():
+        plan = plans[name]
+        b0, b1 = int(plan.bag_start[shard]), int(plan.bag_start[shard + 1])
+        out[name] = g if b1 - b0 == g.shape[0] else g.take(plan.bags[b0:b1], axis=0)
+    return out
 
 
 def reduce_partials(num_bags: int, dim: int, parts: Sequence[tuple[Any, F32]]) -> F32:

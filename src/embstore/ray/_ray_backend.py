@@ -230,7 +230,7 @@ class RayBackend:
     def submit_all(self, method: str, calls: list[tuple[Any, ...]]) -> list[_Call]:
         """``method`` on every shard (``calls[k]``: shard k's arguments). Lookups and applies
         go through the compiled graph when there is one; otherwise an apply's bag gradients
-        (``calls[k][1]``, the same for every shard) are put in the object store once."""
+        (``calls[k][1]``) are put in the object store once when every shard takes the same."""
         steps = self._steps() if method in ("lookup", "apply") else None
         if steps is not None:
             try:
@@ -243,8 +243,10 @@ class RayBackend:
                     for ref, args in zip(refs, calls, strict=True)
                 ]
         if method == "apply" and calls:
-            ref = ray.put(calls[0][1])
-            calls = [(args[0], ref, *args[2:]) for args in calls]
+            first = calls[0][1]
+            if all(all(a[1][n] is g for n, g in first.items()) for a in calls):
+                ref = ray.put(first)
+                calls = [(args[0], ref, *args[2:]) for args in calls]
         return [self.submit(k, method, *args) for k, args in enumerate(calls)]
 
     def _steps(self) -> _compiled.CompiledSteps | None:

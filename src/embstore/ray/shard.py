@@ -105,8 +105,9 @@ class ShardServer:
         grads: Mapping[str, npt.NDArray[np.float32]],
         routed: Mapping[str, Routed],
     ) -> int:
-        """Applies the bag gradients ``grads`` (full batch, per table) to the keys of the
-        forward ``token`` (tables in ``routed`` bring their own routed keys instead).
+        """Applies the bag gradients ``grads`` (per table, a row for each bag of this shard's
+        split) to the keys of the forward ``token`` (tables in ``routed`` bring their own
+        routed keys instead).
         Returns the time taken (ns)."""
         start = time.perf_counter_ns()
         entries = self.apply_entries(token, grads, routed)
@@ -136,11 +137,10 @@ class ShardServer:
                 part = forward[name]
             keys, offsets, bags, weights, coef = part
             factor = coef if coef is not None else weights
-            # A shard that touched every bag (usual at L=8) takes the gradients as they are.
-            bag_grads = g if bags.shape[0] == g.shape[0] else g.take(bags, axis=0)
-            entries[name] = (
-                (keys, offsets, bag_grads) if factor is None else (keys, offsets, bag_grads, factor)
-            )
+            if g.shape[0] != bags.shape[0]:  # the client sends one row per bag held here
+                msg = f"shard {self.shard}: {g.shape[0]} gradient rows for {bags.shape[0]} bags"
+                raise ValueError(msg)
+            entries[name] = (keys, offsets, g) if factor is None else (keys, offsets, g, factor)
         if forward is not None and token is not None:
             rest = {n: v for n, v in forward.items() if n not in grads or n in routed}
             if rest:

@@ -358,13 +358,19 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
                 mean=code == 1,
             )
             plans = {names[k]: p for k, p in zip(reroute, sub, strict=True)}
+        split = dict(plans)  # each table's split: its forward's, or the one just made
         for name in names:
             fwd = self._forwards.get(name)
             if fwd is not None and (token is None or fwd.token == token):
+                split.setdefault(name, fwd.plan)
                 del self._forwards[name]
-        full = {n: c[2] for n, c in zip(names, checked, strict=True)}  # sent once
+        full = {n: c[2] for n, c in zip(names, checked, strict=True)}
         calls = [
-            (token, full, {n: p.part(shard) for n, p in plans.items()})
+            (
+                token,
+                _pool.shard_grads(full, split, shard),
+                {n: p.part(shard) for n, p in plans.items()},
+            )
             for shard in range(self._num_shards)
         ]
         futures = list(enumerate(self._backend.submit_all("apply", calls)))
