@@ -91,7 +91,8 @@ def test_split_reassembles_the_batch(
     )
     seen = []
     for s in range(shards):
-        k, o, b, ws, c = plan.part(s)
+        k, o, ws, c = plan.part(s)
+        b = plan.bags[plan.bag_start[s] : plan.bag_start[s + 1]]
         pos = plan.order[plan.key_start[s] : plan.key_start[s + 1]]
         want = np.nonzero(routes == s)[0]
         np.testing.assert_array_equal(pos, want)  # this shard's ids, in request order

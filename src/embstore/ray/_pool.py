@@ -35,12 +35,13 @@ class Plan:
         ) = arrays
 
     def part(self, shard: int) -> tuple[Any, ...]:
-        """Shard ``shard``'s (keys, offsets, bags, weights, coef), all views."""
+        """Shard ``shard``'s (keys, offsets, weights, coef), all views. (Which bags of the
+        batch it holds stays with the client: ``bags``.)"""
         k0, k1 = int(self.key_start[shard]), int(self.key_start[shard + 1])
         b0, b1 = int(self.bag_start[shard]), int(self.bag_start[shard + 1])
         w = None if self.weights is None else self.weights[k0:k1]
         c = None if self.coef is None else self.coef[k0:k1]
-        return (self.keys[k0:k1], self.offsets[b0 + shard : b1 + shard + 1], self.bags[b0:b1], w, c)
+        return (self.keys[k0:k1], self.offsets[b0 + shard : b1 + shard + 1], w, c)
 
 
 def route(

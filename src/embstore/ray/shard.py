@@ -30,9 +30,8 @@ __all__ = ["MAX_PENDING", "ShardServer"]
 #: that never applies cannot grow the buffer).
 MAX_PENDING = 8
 
-#: One table's part of a routed batch on one shard: keys, CSR offsets over the bags the
-#: shard touches, those bags' indices in the full batch, per-id weights (or None) and the
-#: apply's per-id factor in mean mode (or None).
+#: One table's part of a routed batch on one shard: keys, CSR offsets over the shard's
+#: bags, per-id weights (or None) and the apply's per-id factor in mean mode (or None).
 Routed = tuple[Any, ...]
 
 
@@ -83,7 +82,7 @@ class ShardServer:
     def lookup_features(batch: Mapping[str, Routed], exact: bool) -> dict[str, tuple[Any, ...]]:
         """The group lookup_sum features of a routed ``batch`` (``exact``: one bag per id)."""
         features: dict[str, tuple[Any, ...]] = {}
-        for name, (keys, offsets, _bags, weights, _coef) in batch.items():
+        for name, (keys, offsets, weights, _coef) in batch.items():
             if exact:
                 features[name] = (keys, np.arange(keys.shape[0] + 1, dtype=np.int64))
             elif weights is None:
@@ -135,10 +134,10 @@ class ShardServer:
                     )
                     raise StaleStepError(msg)
                 part = forward[name]
-            keys, offsets, bags, weights, coef = part
+            keys, offsets, weights, coef = part
             factor = coef if coef is not None else weights
-            if g.shape[0] != bags.shape[0]:  # the client sends one row per bag held here
-                msg = f"shard {self.shard}: {g.shape[0]} gradient rows for {bags.shape[0]} bags"
+            if g.shape[0] != offsets.shape[0] - 1:  # the client sends one row per bag held here
+                msg = f"shard {self.shard}: {g.shape[0]} gradient rows for {offsets.shape[0] - 1} bags"
                 raise ValueError(msg)
             entries[name] = (keys, offsets, g) if factor is None else (keys, offsets, g, factor)
         if forward is not None and token is not None:

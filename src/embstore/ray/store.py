@@ -2,7 +2,7 @@
 
 Ids are routed by a salted hash mod N (``docs/ray.md``). A step is one call per shard per
 direction for all tables: the forward sends each shard its ids and gets back partial pooled
-sums of the bags they touch; the backward sends only the bag gradients (put once) with the
+sums of its bags; the backward sends each shard only the gradients of its bags with the
 forward's step token, and each shard applies the keys it kept.
 """
 
