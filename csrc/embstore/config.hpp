@@ -56,11 +56,6 @@ struct AdmissionConfig {
   bool enabled() const noexcept { return min_count > 1; }
 };
 
-// The shard count a table of `capacity` rows gets when its config leaves num_shards at 0:
-// one shard per ~2048 rows, at most 64 (enough that concurrent callers rarely meet on a
-// lock, few enough that small tables keep a single exact CLOCK ring).
-size_t default_num_shards(size_t capacity) noexcept;
-
 struct TableConfig {
   size_t dim = 0;
   size_t capacity = 0;

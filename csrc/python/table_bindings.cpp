@@ -30,7 +30,6 @@ using embstore::TableConfig;
       [](TableConfig& t, T v) { t.member = static_cast<type>(v); })
 
 void bind_table_config(py::module_& m) {
-  m.def("default_num_shards", &embstore::default_num_shards, py::arg("capacity"));
   py::class_<TableConfig> c(m, "TableConfig");
   // TableConfig(**fields): the defaults of config.hpp, then each named field set.
   c.def(py::init([](const py::kwargs& fields) {

@@ -69,18 +69,10 @@ def shard_capacity(spec: TableSpec, num_shards: int) -> int:
 
 def build_shard(spec: TableSpec, num_shards: int, name: str) -> Table:
     """A Table for one shard's slice of ``spec`` among ``num_shards`` (named ``name``
-    unless the spec names it).
-
-    Unless the spec sets ``num_shards``, the slice gets about 1/``num_shards`` of the
-    internal shards the whole table would get: each store sees 1/N of a batch's ids, so
-    its internal shards keep the in-process table's ids per shard and call (and with them
-    the fixed costs per shard and call)."""
+    unless the spec names it)."""
     capacity = shard_capacity(spec, num_shards)
     shards = spec.num_shards
-    if shards is None:  # a power of two, as the core wants
-        share = max(1, _core.default_num_shards(spec.capacity) // num_shards)
-        shards = 1 << (share.bit_length() - 1)
-    if shards > capacity:
+    if shards is not None and shards > capacity:
         shards = None
     return Table.from_spec(
         dataclasses.replace(
