@@ -222,7 +222,13 @@ class BatchRunner::ShardApply {
         missing_[num_missing_++] = i;
         continue;
       }
-      if (!kFast && !exact_) __builtin_prefetch(&sh_.meta(row));
+      // What accumulate reads of the row kRowAhead ids from now: its slot (a random entry
+      // of an array over the shard's rows) or its metadata.
+      if (kFast || exact_) {
+        __builtin_prefetch(slot_of_ + row);
+      } else {
+        __builtin_prefetch(&sh_.meta(row));
+      }
       ring[resolved % kRing] = row;
       pending[resolved % kRing] = i;
       if (++resolved - done > kRowAhead) {
