@@ -83,6 +83,12 @@ void fill_routes(const RouteRequest& r, const uint32_t* route, const RouteCounts
   }
 }
 
+std::vector<size_t> route_starts(const std::vector<RouteRequest>& requests) {
+  std::vector<size_t> first(requests.size() + 1, 0);
+  for (size_t k = 0; k < requests.size(); ++k) first[k + 1] = first[k] + requests[k].n;
+  return first;
+}
+
 size_t route_workers(const std::vector<RouteRequest>& requests) {
   size_t n = 0;
   for (const RouteRequest& r : requests) n += r.n;
@@ -95,8 +101,7 @@ size_t route_workers(const std::vector<RouteRequest>& requests) {
 std::vector<RouteCounts> count_routes_many(const std::vector<RouteRequest>& requests,
                                            uint32_t num_routes, uint64_t salt, uint32_t* route,
                                            size_t workers) {
-  std::vector<size_t> first(requests.size(), 0);
-  for (size_t k = 1; k < requests.size(); ++k) first[k] = first[k - 1] + requests[k - 1].n;
+  const std::vector<size_t> first = route_starts(requests);
   std::vector<RouteCounts> counts(requests.size());
   ThreadPool::global().run(requests.size(), workers, [&](size_t k) {
     counts[k] = count_routes(requests[k], num_routes, salt, route + first[k]);
@@ -107,8 +112,7 @@ std::vector<RouteCounts> count_routes_many(const std::vector<RouteRequest>& requ
 void fill_routes_many(const std::vector<RouteRequest>& requests, const uint32_t* route,
                       const std::vector<RouteCounts>& counts,
                       const std::vector<RouteOutput>& outputs, size_t workers) {
-  std::vector<size_t> first(requests.size(), 0);
-  for (size_t k = 1; k < requests.size(); ++k) first[k] = first[k - 1] + requests[k - 1].n;
+  const std::vector<size_t> first = route_starts(requests);
   ThreadPool::global().run(requests.size(), workers, [&](size_t k) {
     fill_routes(requests[k], route + first[k], counts[k], outputs[k]);
   });

@@ -90,8 +90,12 @@ constexpr size_t kParallelRouteIds = 32768;
 // for a small batch; makes sure the global pool has the helpers.
 size_t route_workers(const std::vector<RouteRequest>& requests);
 
+// Where each request's routes start in a route array shared by all of them:
+// [0, n_0, n_0 + n_1, ...] (requests.size() + 1 entries; the last is the total).
+std::vector<size_t> route_starts(const std::vector<RouteRequest>& requests);
+
 // count_routes / fill_routes of every request, one task per request on up to `workers`
-// threads of the global pool; request k's routes live at route[n_0 + ... + n_{k-1}].
+// threads of the global pool; request k's routes live at route[route_starts(requests)[k]].
 std::vector<RouteCounts> count_routes_many(const std::vector<RouteRequest>& requests,
                                            uint32_t num_routes, uint64_t salt, uint32_t* route,
                                            size_t workers);

@@ -100,10 +100,9 @@ py::object route_batches(const py::list& batches, const std::vector<std::string>
   const py::list held = batches;  // a reference: its tuples outlive the released GIL
   const std::vector<embstore::RouteRequest> requests = requests_of(held, labels);
   const size_t R = requests.size();
-  std::vector<size_t> first(R + 1, 0);  // each request's slice of the route scratch
-  for (size_t k = 0; k < R; ++k) first[k + 1] = first[k] + requests[k].n;
+  const size_t total = embstore::route_starts(requests).back();
   thread_local std::vector<uint32_t> route;  // reused: no page faults per batch
-  if (split && route.size() < first[R]) route.resize(first[R]);
+  if (split && route.size() < total) route.resize(total);
   std::vector<embstore::RouteCounts> counts;
   size_t workers = 1;
   {
