@@ -66,6 +66,15 @@ def test_defaults() -> None:
     assert t.capacity == 4096
 
 
+@pytest.mark.parametrize(
+    ("capacity", "shards"),
+    [(1, 1), (4095, 1), (4096, 2), (8192, 4), (32768, 16), (10**6, 16), (10**8, 16)],
+)
+def test_default_shards_one_per_2048_rows_at_most_16(capacity: int, shards: int) -> None:
+    """Without num_shards a table gets one shard per ~2,048 rows, at most 16."""
+    assert embstore.Table(dim=1, capacity=capacity).num_shards == shards
+
+
 def test_stats_keys_and_values() -> None:
     """stats() reports every documented key, and sizes match the configuration."""
     t = CFG.table()

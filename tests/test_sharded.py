@@ -183,6 +183,17 @@ def test_apply_whose_forward_the_shard_dropped_raises_stale_step() -> None:
             store.apply_gradients(grads_of(rng, feats, {"user": 5, "item": 3}))
 
 
+def test_shard_refuses_gradients_of_another_split() -> None:
+    rng = np.random.default_rng(3)
+    with ShardedTableGroup(specs(), num_shards=2, backend="local") as store:
+        feats = batch(rng, weighted=False)
+        store.lookup_sum(feats)
+        token = next(iter(store._backend.servers[0]._pending))
+        grads = {"user": np.zeros((feats["user"][1].shape[0] + 4, 5), np.float32)}
+        with pytest.raises(ValueError, match=r"shard 0: \d+ gradient rows for \d+ bags"):
+            store._backend.servers[0].apply(token, grads, {})
+
+
 def test_wait_false_returns_a_handle_and_later_lookups_see_the_update() -> None:
     rng = np.random.default_rng(4)
     sp = specs("sgd")
