@@ -46,7 +46,7 @@ ApplyScratch apply_scratch(size_t ids, size_t dim) {
 // One shard's part of one apply request, run under the shard's lock in three passes:
 // resolve (every id already present is found, pinned and its gradient summed), insert (the
 // missing ids, in order, then summed) and update (one optimizer step per distinct row).
-// Rows of this batch are pinned (aux) so inserts cannot evict them. Specialised by width
+// Rows of this batch are pinned when inserts come, so those cannot evict them. Specialised by width
 // like the read kernel: the gradient sums and the row update run fixed-length loops.
 template <size_t kDim>
 class BatchRunner::ShardApply {
@@ -72,18 +72,15 @@ class BatchRunner::ShardApply {
     const auto lock = sh_.lock();
     places_ = ws_.resolution.valid ? ws_.resolution.places.data() : nullptr;
     exact_ = places_ != nullptr && ws_.resolution.exact(s_, sh_.version_locked());
-    if (exact_) {
-      thread_local std::vector<uint32_t> slots;
-      if (slots.size() < sh_.num_rows()) slots.resize(sh_.num_rows(), kNoRow);
-      slot_of_ = slots.data();
-      pin_in_meta_ = false;
-    }
+    thread_local std::vector<uint32_t> slots;
+    if (slots.size() < sh_.num_rows()) slots.resize(sh_.num_rows(), kNoRow);
+    slot_of_ = slots.data();
     // The resolve pass changes nothing a lock-free reader sees (it reads the index and rows;
-    // pins live in the metadata), so the shard's version turns odd only when the insert pass
+    // it sets no pins), so the shard's version turns odd only when the insert pass
     // or the update begins: readers racing this apply take their careful kernel for less long.
     std::optional<Shard::WriteScope> writing;
     const bool cow = t_.snapshot_join(sh_);  // checkpoint in progress: preserve before writing
-    Unpin unpin{sh_, unique_, num_unique_, slot_of_, pin_in_meta_};
+    Unpin unpin{sh_, unique_, num_unique_, slot_of_, pinned_};
     const bool plain = r_.offsets != nullptr && r_.weights == nullptr && r_.mode == PoolMode::kSum;
     if (exact_ && plain) {
       resolve(std::true_type{});
@@ -110,14 +107,14 @@ class BatchRunner::ShardApply {
     const bool& pinned;
     ~Unpin() {
       for (uint32_t k = 0; k < count; ++k) {
-        if (slot_of != nullptr) slot_of[rows[k]] = kNoRow;
-        if (pinned) sh.meta(rows[k]).aux = kNoRow;
+        slot_of[rows[k]] = kNoRow;
+        if (pinned) sh.unpin(rows[k]);
       }
     }
   };
 
   // Adds id i's gradient to the sum of `row` (the first occurrence starts it: acc = 0 + g).
-  // `fast` (std::true_type): the lookup's places are exact (slot_of in use, no metadata pins)
+  // `fast` (std::true_type): the lookup's places are exact (no recorded row to check, no pins)
   // and the gradients are plain pooled sums (offsets, no weights, mode sum): the training
   // step, with those tests hoisted out of the per-id path.
   template <typename Fast>
@@ -144,11 +141,11 @@ class BatchRunner::ShardApply {
         scaled = true;
       }
     }
-    uint32_t& slot = kFast || slot_of_ != nullptr ? slot_of_[row] : sh_.meta(row).aux;
+    uint32_t& slot = slot_of_[row];
     float* __restrict acc;
     if (slot == kNoRow) {  // first occurrence: acc = 0 + g
       slot = num_unique_;
-      if (!kFast && pin_in_meta_) sh_.meta(row).aux = num_unique_;
+      if (!kFast && pinned_) sh_.pin(row);
       unique_[num_unique_] = row;
       acc = acc_base_ + static_cast<size_t>(num_unique_) * dim;
       // The update pass prefetches rows kRowAhead ahead, so its first ones would arrive
@@ -171,12 +168,12 @@ class BatchRunner::ShardApply {
   }
 
   // Id i's row if the lookup's recorded place still holds it, else kNoRow. Prefetches the
-  // metadata line and occupied bit of the id kRowAhead ahead (accumulate reads them anyway).
+  // link and occupied bit of the row kRowAhead ids ahead (its id is read through the link).
   uint32_t recorded_row(uint32_t j, uint32_t i) {
     if (j + kRowAhead < e_) {
       const uint64_t ahead = places_[ws_.order[j + kRowAhead]];
       if (ahead != RowResolution::kUnresolved) {
-        __builtin_prefetch(&sh_.meta(static_cast<uint32_t>(ahead)));
+        sh_.prefetch_link(static_cast<uint32_t>(ahead));
         sh_.prefetch_occupied(static_cast<uint32_t>(ahead));
       }
     }
@@ -196,7 +193,7 @@ class BatchRunner::ShardApply {
   template <typename Fast>
   void resolve(Fast fast) {
     constexpr bool kFast = Fast::value;
-    uint32_t ring[kRing];     // resolved rows awaiting accumulation, at q % kRing
+    uint32_t ring[kRing];  // resolved rows awaiting accumulation, at q % kRing
     uint32_t pending[kRing];  // ... and their ids' positions
     uint32_t resolved = 0, done = 0;  // entries [done, resolved) are pending
     missing_ = ws_.order.data() + b_;  // reused in place: slots [b, j) are done
@@ -222,13 +219,9 @@ class BatchRunner::ShardApply {
         missing_[num_missing_++] = i;
         continue;
       }
-      // What accumulate reads of the row kRowAhead ids from now: its slot (a random entry
-      // of an array over the shard's rows) or its metadata.
-      if (kFast || exact_) {
-        __builtin_prefetch(slot_of_ + row);
-      } else {
-        __builtin_prefetch(&sh_.meta(row));
-      }
+      // What accumulate reads of the row kRowAhead ids from now: its accumulator slot (a
+      // random entry of an array over the shard's rows).
+      __builtin_prefetch(slot_of_ + row);
       ring[resolved % kRing] = row;
       pending[resolved % kRing] = i;
       if (++resolved - done > kRowAhead) {
@@ -243,9 +236,9 @@ class BatchRunner::ShardApply {
   // admission filter, an id it has not admitted (by lookups) is not inserted and its gradient
   // is dropped; applies do not count sightings (a training step would count twice).
   void insert_missing(uint32_t step) {
-    if (num_missing_ != 0 && !pin_in_meta_) {  // inserts come: pin the rows summed so far
-      for (uint32_t k = 0; k < num_unique_; ++k) sh_.meta(unique_[k]).aux = k;
-      pin_in_meta_ = true;
+    if (num_missing_ != 0) {  // inserts come: pin the rows summed so far
+      for (uint32_t k = 0; k < num_unique_; ++k) sh_.pin(unique_[k]);
+      pinned_ = true;
     }
     const CountMinSketch* sketch = t_.sketches_.empty() ? nullptr : &t_.sketches_[s_];
     const uint32_t min_count = t_.config_.admission.min_count;
@@ -293,7 +286,7 @@ class BatchRunner::ShardApply {
                    dim());
       sh_.reference(row);
       sh_.mark_dirty(row);
-      if (track) sh_.touch(row, step);  // its line is cached: the pin wrote aux
+      if (track) sh_.touch(row, step);
     }
   }
 
@@ -308,14 +301,13 @@ class BatchRunner::ShardApply {
   float* acc_base_ = nullptr;
   uint32_t* unique_ = nullptr;  // distinct rows in first-occurrence order
   uint32_t num_unique_ = 0;
-  // Where each row's accumulator index lives: in its metadata `aux` (which also pins the row
-  // against eviction), or, when the lookup's places are exact (no metadata read needed), in
-  // slot_of: a per-thread array over the shard's rows, all kNoRow between calls. Rows are
-  // then pinned in the metadata only if an insert comes.
+  // Each row's accumulator index: a per-thread array over the shard's rows, all kNoRow
+  // between calls. Rows are pinned (against eviction by this batch's inserts) only if an
+  // insert comes.
   uint32_t* slot_of_ = nullptr;
-  bool pin_in_meta_ = true;
+  bool pinned_ = false;
   const uint64_t* places_ = nullptr;  // the lookup's resolution, or nullptr
-  bool exact_ = false;                // places_ are exact for this shard
+  bool exact_ = false;  // places_ are exact for this shard
   uint32_t* missing_ = nullptr;
   uint32_t num_missing_ = 0;
   uint64_t reused_ = 0, inserts_ = 0, evictions_ = 0, rejected_ = 0;

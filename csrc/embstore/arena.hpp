@@ -6,7 +6,7 @@
 // and stays flat once the table is full. Not synchronised: shards own disjoint row ranges.
 //
 // ZeroedBuffer<T>: a zero-filled array (a shard's bitmaps).
-// BufferSlice<T>: a typed view of memory owned elsewhere (a shard's index and row metadata,
+// BufferSlice<T>: a typed view of memory owned elsewhere (a shard's index and row links,
 // carved from its table's one huge-page mapping; all-zero bits are an empty slot).
 #pragma once
 

@@ -4,17 +4,16 @@
 // and row. A trainer's backward applies gradients to exactly the ids its forward looked up,
 // so the table keeps the last such resolution and the next apply_gradients of the same keys
 // takes it: for each id it checks, under the shard lock, that the recorded row still holds
-// that id (occupied, and its metadata names the id - the metadata line the apply reads
-// anyway to sum duplicates) and uses it without hashing or probing the index (a cache miss
-// per id). A row that changed hands since (evicted, erased, reused) fails the check and the
-// id is probed as usual, so reuse never changes a result.
+// that id (occupied, and the index slot its link names holds the id) and uses it without
+// hashing or probing the index from the id's home. A row that changed hands since (evicted,
+// erased, reused) fails the check and the id is probed as usual, so reuse never changes a
+// result.
 //
 // A lookup also records each shard's seqlock version its reads were validated at (the
 // lock-free kernel), or that its locked pass left (when no row it recorded was evicted).
 // If the shard's version is still that one when the apply takes its lock, nothing has
 // written to the shard since, so every recorded row of the shard still holds its id: the
-// apply skips the check, and with it the metadata line per id (it then sums duplicates in
-// a per-thread scratch array instead of the metadata).
+// apply skips the check, and with it two loads per id (the row's link and its slot).
 #pragma once
 
 #include <cstdint>  // uint64_t

@@ -20,7 +20,7 @@ size_t round_to_line(size_t bytes) noexcept {
 
 size_t Shard::index_bytes(uint32_t num_rows) noexcept {
   return round_to_line(size_t{slots_for(num_rows)} * sizeof(Slot)) +
-         round_to_line(size_t{num_rows} * sizeof(RowMeta));
+         round_to_line(size_t{num_rows} * sizeof(uint32_t));
 }
 
 size_t Shard::steps_bytes(uint32_t num_rows) noexcept {
@@ -35,7 +35,7 @@ Shard::Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota, void* memory
       own_memory_(memory == nullptr ? LargeBuffer(index_bytes(num_rows) + steps_bytes(num_rows))
                                     : LargeBuffer()),
       slots_(memory != nullptr ? memory : own_memory_.data(), num_slots_),
-      meta_(
+      links_(
           reinterpret_cast<char*>(slots_.get()) + round_to_line(size_t{num_slots_} * sizeof(Slot)),
           num_rows),
       steps_(memory != nullptr ? static_cast<void*>(steps)
@@ -44,18 +44,19 @@ Shard::Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota, void* memory
       ref_bits_(num_rows),
       occupied_(num_rows),
       dirty_(num_rows),
+      pinned_(num_rows),
       captured_(num_rows),
       born_after_(num_rows),
       saved_(num_rows),
       dirty_pending_(num_rows) {}
 
 void Shard::link(uint64_t id, uint64_t hash, uint32_t row, uint32_t step) noexcept {
-  Slot& s = slots_.get()[find_slot(id, hash)];
+  const uint32_t pos = find_slot(id, hash);
+  Slot& s = slots_.get()[pos];
   s.id = id;
   s.store_row_plus1(row + 1);
-  RowMeta& m = meta(row);
-  m.id = id;
-  m.aux = kNoRow;
+  links_.get()[row] = pos;
+  pinned_.clear(row);
   touch(row, step);
   occupied_.set(row);
   dirty_.set(row);
@@ -75,6 +76,7 @@ void Shard::erase_slot(uint32_t hole) noexcept {
     if (stays) continue;
     slots[hole].id = slots[pos].id;
     slots[hole].store_row_plus1(slots[pos].load_row_plus1());  // the read mark moves too
+    links_.get()[slots[hole].row()] = hole;
     hole = pos;
   }
   slots[hole].store_row_plus1(0);
@@ -93,16 +95,14 @@ uint32_t Shard::unlink_and_free(uint64_t id, uint64_t hash) {
 
 void Shard::free_row(uint32_t row) {
   note_removed(row);
-  const uint64_t id = id_of(row);
-  erase_slot(find_slot(id, mix64(id)));
+  erase_slot(links_.get()[row]);
   release_row(row);
 }
 
 void Shard::release_row(uint32_t row) {
   occupied_.clear(row);
   dirty_.clear(row);
-  RowMeta& m = meta(row);
-  m.aux = free_head_;
+  links_.get()[row] = free_head_;
   free_head_ = row;
   counters.size.store(counters.size.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
 }
@@ -110,7 +110,7 @@ void Shard::release_row(uint32_t row) {
 uint32_t Shard::claim_unused_row() noexcept {
   if (free_head_ != kNoRow) {
     const uint32_t row = free_head_;
-    free_head_ = meta(row).aux;
+    free_head_ = links_.get()[row];
     return row;
   }
   counters.claimed_rows.store(used_ + 1, std::memory_order_relaxed);
@@ -136,10 +136,9 @@ uint32_t Shard::clock_victim(uint64_t max_steps) noexcept {
       unreference(row);
       continue;
     }
-    // The slot's read mark, only now: reading it takes a probe, which evict() then repeats
-    // from cache (and likely_victim has prefetched the slot).
-    const uint64_t id = id_of(row);
-    Slot& slot = slots_.get()[find_slot(id, mix64(id))];
+    // The slot's read mark, only now: it is one more line (likely_victim's caller has
+    // prefetched it), which evict() then reads from cache.
+    Slot& slot = slots_.get()[links_.get()[row]];
     if ((slot.load_row_plus1() & kReadMark) != 0) {
       slot.clear_mark();
       continue;
@@ -161,8 +160,7 @@ uint32_t Shard::likely_victim(uint32_t limit) const noexcept {
 
 void Shard::evict(uint32_t row) {
   note_removed(row);
-  const uint64_t id = id_of(row);
-  erase_slot(find_slot(id, mix64(id)));
+  erase_slot(links_.get()[row]);
   occupied_.clear(row);
   dirty_.clear(row);
   counters.size.store(counters.size.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);

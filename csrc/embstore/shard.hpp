@@ -23,19 +23,21 @@
 //    rows there, in the line its probe has just read, rather than in the reference bitmap
 //    (one more cache line per id; see docs/tuning.md); the CLOCK hand honours the mark like
 //    a reference bit (clock_victim).
-//  - Per-row metadata (aux, id) lives apart from the weights, so a CLOCK sweep reads 12
-//    bytes per row instead of whole rows.
-//  - Per-row bits (CLOCK reference, occupied, dirty) live in bitmaps of their own (1 bit per
-//    row: 2 KiB for a 16K-row shard, cache-resident), so a lookup hit touches only its index
-//    slot and its row (a reference bit in the metadata would cost one more cache miss per
-//    id), and RowMeta stays at 12 bytes.
-//  - `aux` is the free-list link of a free row, and the index of the row's gradient
-//    accumulator while an apply batch holds the lock (a non-empty aux pins the row).
+//  - The id lives only in the index slot. Each row keeps one word, its link: an occupied
+//    row's slot position (the backward-shift deletion updates it when it moves a slot), a
+//    free row's next free row. Row-order walks (CLOCK, eviction, checkpoints) reach the id
+//    through it; 4 bytes a row instead of a copy of the id (see docs/tuning.md).
+//  - Per-row bits (CLOCK reference, occupied, dirty, pinned) live in bitmaps of their own
+//    (1 bit per row: 2 KiB for a 16K-row shard, cache-resident), so a lookup hit touches
+//    only its index slot and its row (a reference bit beside the link would cost one more
+//    cache miss per id).
+//  - A pinned row is one an apply batch holding the lock is updating: its inserts must not
+//    evict it (the pin is set only when the batch has ids to insert).
 //  - A row's last step is the table step (Table::set_step) at which it was last looked up or
 //    updated; it is written only once a step has been set, so tables that never use steps
 //    pay no extra cache miss per id. It is written only under the shard lock (tables that
 //    track steps read on the locked path); `touch`/`last_step` use relaxed atomics anyway.
-//    Steps live in an array of their own, apart from RowMeta: a write that would not change
+//    Steps live in an array of their own, apart from the links: a write that would not change
 //    a step is skipped, so a table that never sets one never makes those pages resident
 //    (4 bytes a row less).
 //
@@ -108,15 +110,6 @@ struct Slot {
 };
 #pragma pack(pop)
 static_assert(sizeof(Slot) == 12, "Slot is packed to 12 bytes");
-
-// Packed to 12 bytes; aux first, so the line a prefetch of &meta(row) brings holds it.
-#pragma pack(push, 4)
-struct RowMeta {
-  uint32_t aux;  // free-list next, or batch accumulator index (kNoRow when unused)
-  uint64_t id;
-};
-#pragma pack(pop)
-static_assert(sizeof(RowMeta) == 12, "RowMeta is packed to 12 bytes");
 
 // Counters are written only under the shard lock and read without it, hence relaxed atomics
 // updated with load+store (no locked instruction on the hot path).
@@ -238,14 +231,14 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // `first_row`: this shard's first row in the table arena; `num_rows`: rows it may own;
   // `quota`: rows it may always hold (more only by borrowing from the table's pool).
   // `memory`: index_bytes(num_rows) zeroed, 64-byte aligned bytes for its index and row
-  // metadata, and `steps`: num_rows zeroed uint32 for the rows' last steps; or nullptr for
+  // links, and `steps`: num_rows zeroed uint32 for the rows' last steps; or nullptr for
   // both to allocate its own. A table carves all its shards' memory from one huge-page
   // mapping: per-shard allocations (a few hundred KiB each) get 4 KiB pages, and then nearly
   // every probe of a large table also missed the TLB. It puts all the steps after all the
   // indexes, so that untouched steps share no huge page with an index.
   Shard(uint32_t first_row, uint32_t num_rows, uint32_t quota, void* memory = nullptr,
         uint32_t* steps = nullptr);
-  // Bytes of index and metadata a shard of `num_rows` rows needs (a multiple of 64).
+  // Bytes of index and row links a shard of `num_rows` rows needs (a multiple of 64).
   static size_t index_bytes(uint32_t num_rows) noexcept;
   // Bytes of last steps a shard of `num_rows` rows needs (a multiple of 64).
   static size_t steps_bytes(uint32_t num_rows) noexcept;
@@ -448,11 +441,22 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // Unlinks the id held by `row` and frees the row to the free list.
   void free_row(uint32_t row);
 
-  RowMeta& meta(uint32_t row) noexcept { return meta_.get()[row]; }
-  // The id `row` holds, by value: RowMeta is packed, so a reference to its id (push_back's
-  // argument, say) would be misaligned.
-  uint64_t id_of(uint32_t row) const noexcept { return meta_.get()[row].id; }
-  const RowMeta& meta(uint32_t row) const noexcept { return meta_.get()[row]; }
+  // The id an occupied row holds, by value: Slot is packed, so a reference to its id
+  // (push_back's argument, say) would be misaligned.
+  uint64_t id_of(uint32_t row) const noexcept { return slots_.get()[links_.get()[row]].id; }
+  // The rows' links (see the file comment), for lock-free readers that validate with the
+  // seqlock: they must read the words themselves.
+  const uint32_t* links() const noexcept { return links_.get(); }
+  // Prefetches the row's link (id_of and the CLOCK read it).
+  void prefetch_link(uint32_t row) const noexcept { __builtin_prefetch(links_.get() + row); }
+  // Prefetches the index slot of an occupied row (one more load: its link).
+  void prefetch_slot_of(uint32_t row) const noexcept {
+    index_view().prefetch_at(links_.get()[row]);
+  }
+  // Pins: a row an apply batch updates is pinned while its inserts may evict (see above).
+  void pin(uint32_t row) noexcept { pinned_.set(row); }
+  void unpin(uint32_t row) noexcept { pinned_.clear(row); }
+  bool pinned(uint32_t row) const noexcept { return pinned_.test(row); }
   uint32_t first_row() const noexcept { return first_row_; }
   uint32_t quota() const noexcept { return quota_; }
   uint32_t size() const noexcept { return counters.size.load(std::memory_order_relaxed); }
@@ -460,12 +464,12 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   uint32_t used_rows() const noexcept {
     return counters.claimed_rows.load(std::memory_order_relaxed);
   }
-  // Bytes of index and metadata (the arena's rows are counted by the table).
+  // Bytes of index, links and bitmaps (the arena's rows are counted by the table).
   size_t footprint_bytes() const noexcept {
-    return slots_.size() * sizeof(Slot) + meta_.size() * sizeof(RowMeta) +
+    return slots_.size() * sizeof(Slot) + links_.size() * sizeof(uint32_t) +
            steps_.size() * sizeof(uint32_t) + ref_bits_.bytes() + occupied_.bytes() +
-           dirty_.bytes() + captured_.bytes() + born_after_.bytes() + saved_.bytes() +
-           dirty_pending_.bytes();
+           dirty_.bytes() + pinned_.bytes() + captured_.bytes() + born_after_.bytes() +
+           saved_.bytes() + dirty_pending_.bytes();
   }
 
   ShardCounters counters;
@@ -485,7 +489,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   // CLOCK's rules, shared by clock_victim and likely_victim: the row after `row` in the ring
   // of claimed rows, and whether a row may be evicted at all (occupied and not pinned).
   uint32_t ring_next(uint32_t row) const noexcept { return row + 1 == used_ ? 0 : row + 1; }
-  bool evictable(uint32_t row) const noexcept { return occupied(row) && meta(row).aux == kNoRow; }
+  bool evictable(uint32_t row) const noexcept { return occupied(row) && !pinned_.test(row); }
   void erase_slot(uint32_t pos) noexcept;                          // backward-shift deletion
   void release_row(uint32_t row);  // after unlinking: clear bits, push free list
   // Logs the id of `row`, about to be removed, when a checkpoint (or the snapshot being
@@ -508,11 +512,12 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   uint32_t free_head_ = kNoRow;
   LargeBuffer own_memory_;  // used only when the shard was given no memory
   BufferSlice<Slot> slots_;
-  BufferSlice<RowMeta> meta_;
+  BufferSlice<uint32_t> links_;  // per row: its slot position, or the next free row
   BufferSlice<uint32_t> steps_;  // last step per row
   AtomicBitmap ref_bits_;
   Bitmap occupied_;
   Bitmap dirty_;
+  Bitmap pinned_;
   // Checkpoint state.
   uint64_t snap_gen_ = 0;
   bool snap_pending_ = false;

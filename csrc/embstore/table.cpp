@@ -258,11 +258,11 @@ uint32_t Table::claim_row_locked(size_t shard_index, uint64_t& evictions, uint64
   }
   sh.evict(victim);
   ++evictions;
-  // The next insert most likely takes the next clear row past the hand: fetch its id's
-  // index slot (which evict() probes) and its row, while the caller does other work.
+  // The next insert most likely takes the next clear row past the hand: fetch its index
+  // slot (which the sweep and evict() read) and its row, while the caller does other work.
   const uint32_t next = sh.likely_victim(64);
   if (next != kNoRow) {
-    sh.prefetch(mix64(sh.id_of(next)));
+    sh.prefetch_slot_of(next);
     prefetch_lines<1>(row_ptr(sh, next), arena_.stride() * sizeof(float));
   }
   return victim;

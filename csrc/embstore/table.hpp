@@ -56,7 +56,7 @@ struct TableStats {
   uint64_t reused_rows = 0;  // applied ids whose row came from the lookup before (no probe)
   uint64_t read_retries = 0;  // lock-free read tasks a writer got in the way of, redone row by row
   uint64_t arena_bytes_in_use = 0;  // rows ever claimed x row bytes
-  double bytes_per_row = 0;  // arena + metadata + index bytes per row of capacity
+  double bytes_per_row = 0;  // arena + index, links and bitmaps per row of capacity
 };
 
 class Table;
@@ -268,7 +268,7 @@ class Table {
   TableConfig config_;
   unsigned shard_shift_;  // 64 - log2(num_shards); 64 means one shard
   RowArena arena_;
-  LargeBuffer shard_index_;  // every shard's index and row metadata (outlives shards_)
+  LargeBuffer shard_index_;  // every shard's index and row links (outlives shards_)
   std::vector<std::unique_ptr<Shard>> shards_;
   // Per shard, what the lock-free read kernel needs, packed: its index, its first arena row
   // and its CLOCK reference bits (fixed at construction, like the memory they point into).

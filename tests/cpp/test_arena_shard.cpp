@@ -128,7 +128,7 @@ TEST_CASE(arena_alignment_and_stride) {
   ZeroedBuffer<Slot> slots(100);
   CHECK(slots.size() == 100);
   for (size_t i = 0; i < 100; ++i) CHECK(slots.get()[i].id == 0 && slots.get()[i].row_plus1 == 0);
-  ZeroedBuffer<RowMeta> empty(0);
+  ZeroedBuffer<uint32_t> empty(0);
   CHECK(empty.size() == 0 && empty.get() != nullptr);
 
   // The table's rows use the arena stride: dim weights + optimizer state, rounded up to 4.
@@ -156,7 +156,7 @@ TEST_CASE(shard_link_find_unlink) {
     CHECK(row == i);  // never-used rows in order
     sh.link(ids[i], mix64(ids[i]), row, 0);
     CHECK(sh.id_of(row) == ids[i]);
-    CHECK(sh.meta(row).aux == kNoRow);
+    CHECK(!sh.pinned(row));
     CHECK(sh.occupied(row));
     CHECK(sh.dirty(row));  // new rows are dirty until a checkpoint
     CHECK(sh.last_step(row) == 0);
@@ -191,7 +191,7 @@ TEST_CASE(shard_link_find_unlink) {
   CHECK(sh.find(77, mix64(77)) == 5);
   CHECK(sh.find(78, mix64(78)) == 3);
   CHECK(sh.counters.size.load() == 8);
-  CHECK(sh.footprint_bytes() >= 8 * sizeof(RowMeta) + 8 * sizeof(Slot));
+  CHECK(sh.footprint_bytes() >= 8 * sizeof(uint32_t) + 8 * sizeof(Slot));
 }
 
 // Many ids forced into one probe run that wraps around the end of the index; random
@@ -226,6 +226,8 @@ TEST_CASE(shard_backward_shift_keeps_colliding_ids_findable) {
             std::string(when) + ": rows=" + std::to_string(rows) + " id=" + std::to_string(id));
       }
       CHECK(sh.counters.size.load() == model.size());
+      // Each row's link follows its id's slot as deletions shift slots back.
+      for (const auto& kv : model) CHECK(sh.id_of(kv.second) == kv.first);
     };
     // Fill with alternating high/low ids: one long run across the wrap-around point.
     for (size_t k = 0; k < per_kind && sh.has_unclaimed_row(); ++k) {
@@ -240,8 +242,12 @@ TEST_CASE(shard_backward_shift_keeps_colliding_ids_findable) {
     for (int step = 0; step < 3000; ++step) {
       const uint64_t id = pool[rng() % pool.size()];
       if (model.count(id)) {
-        const uint32_t row = sh.unlink_and_free(id, mix64(id));
-        CHECK(row == model[id]);
+        if (step % 2 == 0) {
+          const uint32_t row = sh.unlink_and_free(id, mix64(id));
+          CHECK(row == model[id]);
+        } else {
+          sh.free_row(model[id]);  // by row: through its link
+        }
         model.erase(id);
         verify("after unlink");
       } else if (sh.has_unclaimed_row()) {
@@ -282,15 +288,15 @@ TEST_CASE(shard_clock_victim_and_pins) {
   for (uint64_t id : {20, 30, 40}) CHECK(sh.find(id, mix64(id)) != kNoRow);
   sh.link(50, mix64(50), 0, 0);
   CHECK(sh.clock_victim() == 1);  // the hand moved past row 0; row 1's bit is clear
-  // A pinned row (aux set) is skipped and keeps its reference bit.
+  // A pinned row is skipped and keeps its reference bit.
   sh.reference(2);
-  sh.meta(2).aux = 0;
+  sh.pin(2);
   CHECK(sh.clock_victim() == 3);
   CHECK(sh.referenced(2));
   // Every row pinned: no victim.
-  for (uint32_t r = 0; r < 4; ++r) sh.meta(r).aux = r;
+  for (uint32_t r = 0; r < 4; ++r) sh.pin(r);
   CHECK(sh.clock_victim() == kNoRow);
-  for (uint32_t r = 0; r < 4; ++r) sh.meta(r).aux = kNoRow;
+  for (uint32_t r = 0; r < 4; ++r) sh.unpin(r);
   // A freed row is not a victim.
   CHECK(sh.unlink_and_free(20, mix64(20)) == 1);
   for (int k = 0; k < 10; ++k) CHECK(sh.clock_victim() != 1);
@@ -322,8 +328,14 @@ EMBSTORE_NO_SANITIZE_THREAD bool marking_probe(Shard& sh, uint64_t id, bool& wro
   if ((v & 1) != 0) return false;
   const uint32_t row = sh.find_optimistic<true>(id, mix64(id));
   if (row == kRetry) return false;
-  // The id read in this function's own body: a call (id_of) would be instrumented.
-  const uint64_t held = row == kNoRow ? id : uint64_t{sh.meta(row).id};
+  // The id read in this function's own body: a call (id_of) would be instrumented. A link
+  // read while a writer changes it may point anywhere: bounded, and then the seqlock fails.
+  const IndexView view = sh.index_view();
+  uint64_t held = id;
+  if (row != kNoRow) {
+    const uint32_t pos = sh.links()[row];
+    held = pos < view.num_slots ? uint64_t{view.slots[pos].id} : ~id;
+  }
   if (!sh.read_valid(v)) return false;
   wrong = held != id;
   return true;
