@@ -229,6 +229,50 @@ def test_restartable_store_survives_a_lost_apply(cluster: None, tmp_path: Any) -
         assert _wait_restarted(store, 1, 1)["last_checkpoint"] == 1
 
 
+def test_a_shard_error_comes_back_through_the_compiled_graph(cluster: None) -> None:
+    sp = {"t": embstore.ray.TableSpec(dim=4, capacity=40, eviction="none")}
+    with ShardedTableGroup(sp, num_shards=2, backend="ray") as store:
+        ids = np.arange(10, dtype=np.uint64)
+        off = np.arange(11, dtype=np.int64)
+        store.lookup_sum({"t": (ids, off)})  # compiles the graph
+        assert store._backend._compiled is not None
+        before = store.lookup_sum({"t": (ids, off)}, insert=False, exact=True)["t"]
+        more = np.arange(1000, 1400, dtype=np.uint64)
+        with pytest.raises(embstore.CapacityError):
+            store.lookup_sum({"t": (more, np.arange(401, dtype=np.int64))})
+        # The graph keeps running: the next calls go through it.
+        got = store.lookup_sum({"t": (ids, off)}, insert=False, exact=True)["t"]
+        assert store._backend._compiled is not None
+        np.testing.assert_array_equal(got, before)
+
+
+def test_the_client_sleeps_only_on_times_from_its_own_clock(cluster: None) -> None:
+    """The shards' end times set the client's sleep only when they fall between the call's
+    submission and its answer on the client's clock (a shard on another machine has another
+    clock); the estimate is the slowest shard's."""
+    from embstore.ray import _ray_backend as rb
+
+    with ShardedTableGroup(specs("sgd"), num_shards=2, backend="ray") as store:
+        rng = np.random.default_rng(5)
+        feats = batch(rng, weighted=False)
+        store.lookup_sum(feats)
+        backend = store._backend
+        took = backend._done_ns["lookup"]
+        assert 0 < took < 60e9
+        call = rb._Call(None, "lookup", ())
+        call.submitted -= 1_000_000  # submitted 1 ms ago
+        t0 = call.submitted
+        backend._note_done(0, call, t0 + 5_000)
+        backend._note_done(1, call, t0 + 9_000)
+        assert backend._done_ns["lookup"] == 9_000
+        backend._note_done(0, call, t0 - 1)  # before submission: another clock
+        backend._note_done(1, call, t0 + 9_000)
+        assert backend._done_ns["lookup"] == 0
+        backend._note_done(0, call, t0 + 5_000)
+        backend._note_done(1, call, time.monotonic_ns() + 10**12)  # after now: another clock
+        assert backend._done_ns["lookup"] == 0
+
+
 def test_each_actor_writes_its_own_perf_report(
     cluster: None, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -37,10 +37,11 @@ __all__ = ["RayBackend"]
 NAMESPACE = "embstore"
 #: Retries of a lookup on a shard that is restarting (restore="checkpoint").
 LOOKUP_RETRIES = 3
-#: Before reading a compiled call's answers the client sleeps this share of the last such
-#: call's fastest shard time (reading polls a core), unless under MIN_SLEEP_NS is left.
-SLEEP_SHARE = 0.8
-MIN_SLEEP_NS = 1_000_000
+#: Before reading a compiled call's answers the client sleeps this share of the time the
+#: last such call's slowest shard took to finish, unless under MIN_SLEEP_NS is left:
+#: reading polls a core, and on a machine the shards share that core is theirs.
+SLEEP_SHARE = 0.9
+MIN_SLEEP_NS = 50_000
 
 
 class ShardActor:
@@ -66,17 +67,18 @@ class ShardActor:
         with self.lock:
             return self.server.incarnation, getattr(self.server, method)(*args)
 
-    def step(self, request: tuple[str, tuple[Any, ...]]) -> tuple[str, Any, Exception | None]:
-        """A compiled-graph call: (incarnation, value, error); the error comes back as a
-        value so that the graph keeps running."""
+    def step(self, request: tuple[str, tuple[Any, ...]]) -> tuple[str, Any, Exception | None, int]:
+        """A compiled-graph call: (incarnation, value, error, done), the error as a value so
+        that the graph keeps running; done: ``time.monotonic_ns()`` as the call ended (the
+        client's clock too when it runs on this machine: see ``_sleep_until_done``)."""
         method, args = request
         if method == "lookup":  # the shard keeps the routed keys until the apply
             args = _owned(args)
         try:
             incarnation, value = self.call(method, *args)
         except Exception as e:  # noqa: BLE001  (raised by the client)
-            return self.server.incarnation, None, e
-        return incarnation, value, None
+            return self.server.incarnation, None, e, time.monotonic_ns()
+        return incarnation, value, None, time.monotonic_ns()
 
     def get_meta(self) -> dict[str, Any]:
         return self.meta
@@ -130,7 +132,7 @@ class _Call:
         self.method = method
         self.args = args
         self.compiled = compiled
-        self.submitted = time.perf_counter_ns()
+        self.submitted = time.monotonic_ns()
 
 
 _LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
@@ -177,7 +179,8 @@ class RayBackend:
         self._use_compiled = restore == "fail" and actors is None and _compiled.enabled()
         self._compiled: _compiled.CompiledSteps | None = None
         self._compiled_dead: set[int] = set()  # shards found dead when the graph failed
-        self._shard_ns: dict[str, int] = {}  # the last call's fastest shard time, by method
+        # By method: how long after submission the last compiled call's slowest shard ended.
+        self._done_ns: dict[str, int] = {}
         self.actors = actors if actors is not None else self._spawn(source)
 
     def _spawn(self, source: _sharded.Source | None) -> list[Any]:
@@ -274,14 +277,10 @@ class RayBackend:
                 pass
 
     def _compiled_result(self, shard: int, future: _Call, applied: str) -> Any:
-        # A compiled graph's reader polls its channel on a core; on a machine the shards
-        # share, that core is theirs: sleep through most of the expected shard time first.
-        expected = SLEEP_SHARE * self._shard_ns.get(future.method, 0)
-        wait = expected - (time.perf_counter_ns() - future.submitted)
-        if wait > MIN_SLEEP_NS:
-            time.sleep(wait / 1e9)
+        if shard == 0:
+            self._sleep_until_done(future)
         try:
-            incarnation, value, error = _compiled.CompiledSteps.get(future.ref)
+            incarnation, value, error, done = _compiled.CompiledSteps.get(future.ref)
         except ray.exceptions.RayError as e:  # the graph failed (application errors are values)
             self._compiled_failed()
             if shard in self._compiled_dead:
@@ -292,14 +291,33 @@ class RayBackend:
             if self._compiled_dead:  # another shard is lost: the store stops anyway
                 return 0
             raise ShardLostError(shard, "unknown", e) from e
+        self._note_done(shard, future, done)
         if error is not None:
             raise error
         self._seen(shard, incarnation)
-        ns = int(value[1] if future.method == "lookup" else value)
-        self._shard_ns[future.method] = (
-            ns if shard == 0 else min(ns, self._shard_ns.get(future.method, ns))
-        )
         return value
+
+    def _sleep_until_done(self, future: _Call) -> None:
+        """Sleeps through most of the time the shards are expected to take. A compiled
+        graph's reader polls a core; on a machine the client shares with the shards (Ray
+        runs them at niceness 15) the polling took that core from one of them, and the two
+        shards of a step ran one after the other."""
+        wait = SLEEP_SHARE * self._done_ns.get(future.method, 0) - (
+            time.monotonic_ns() - future.submitted
+        )
+        if wait > MIN_SLEEP_NS:
+            time.sleep(wait / 1e9)
+
+    def _note_done(self, shard: int, future: _Call, done: int) -> None:
+        """Keeps how long after submission the slowest shard of this call ended. ``done``
+        is the shard's clock: it counts only when it falls between submission and now (a
+        shard on another machine has another clock; then the client does not sleep)."""
+        now = time.monotonic_ns()
+        took = done - future.submitted if future.submitted <= done <= now else 0
+        if shard == 0 or took == 0:
+            self._done_ns[future.method] = took
+        elif self._done_ns.get(future.method, 0) != 0:
+            self._done_ns[future.method] = max(took, self._done_ns[future.method])
 
     def result(self, shard: int, future: _Call, applied: str) -> Any:
         if future.compiled:
