@@ -44,10 +44,10 @@ ApplyScratch apply_scratch(size_t ids, size_t dim) {
 }  // namespace
 
 // One shard's part of one apply request, run under the shard's lock in three passes:
-// resolve (every id already present is found, pinned and its gradient summed), insert (the
-// missing ids, in order, then summed) and update (one optimizer step per distinct row).
-// Rows of this batch are pinned when inserts come, so those cannot evict them. Specialised by width
-// like the read kernel: the gradient sums and the row update run fixed-length loops.
+// resolve (every id already present is found and its gradient summed), insert (the missing
+// ids, in order, then summed) and update (one optimizer step per distinct row). When inserts
+// come, the rows summed so far are pinned first, so those cannot evict them. Specialised by
+// width like the read kernel: the gradient sums and the row update run fixed-length loops.
 template <size_t kDim>
 class BatchRunner::ShardApply {
  public:
@@ -185,11 +185,12 @@ class BatchRunner::ShardApply {
     return recorded;
   }
 
-  // Resolve pass: every id already present is resolved, pinned and accumulated, so no insert
-  // of this call can evict a row the call is about to update. Missing ids wait for the
-  // insert pass (all occurrences of a missing id do, so each row's sum keeps the id order).
-  // Pipelined like gather_shard: resolve id j, accumulate the id kRowAhead resolutions back.
-  // Overwrites this shard's part of ws.order with the missing ids.
+  // Resolve pass: every id already present is resolved and accumulated (the insert pass
+  // pins those rows before its first insert, so none can evict a row the call is about to
+  // update). Missing ids wait for the insert pass (all occurrences of a missing id do, so
+  // each row's sum keeps the id order). Pipelined like gather_shard: resolve id j,
+  // accumulate the id kRowAhead resolutions back. Overwrites this shard's part of ws.order
+  // with the missing ids.
   template <typename Fast>
   void resolve(Fast fast) {
     constexpr bool kFast = Fast::value;

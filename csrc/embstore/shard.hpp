@@ -429,7 +429,7 @@ class alignas(64) Shard {  // 64: a shard's lock and counters never share a cach
   uint32_t clock_victim(uint64_t max_steps = kUnlimitedSweep) noexcept;
   static constexpr uint64_t kUnlimitedSweep = ~uint64_t{0};
   // The row clock_victim would take next if no bit changed meanwhile and its slot is not
-  // read-marked (the marks are not looked at: that would take a probe per row), looking at
+  // read-marked (the marks are not looked at: that would read a slot per row), looking at
   // most `limit` rows past the hand and changing nothing; kNoRow if none is found there.
   // Only a hint for prefetching.
   uint32_t likely_victim(uint32_t limit) const noexcept;

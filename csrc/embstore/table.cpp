@@ -246,7 +246,7 @@ uint32_t Table::claim_row_locked(size_t shard_index, uint64_t& evictions, uint64
   const uint32_t victim = sh.clock_victim(max_sweep);
   if (victim == kNoRow || victim == kRetry) return victim;
   // The victim's row is rewritten by the caller once its slot is unlinked: fetch its lines
-  // for writing now, so they arrive while evict() probes the slot.
+  // for writing now, so they arrive while evict() unlinks the slot.
   prefetch_lines<1>(row_ptr(sh, victim), arena_.stride() * sizeof(float));
   if (sh.snapshot_pending()) preserve(shard_index, victim);  // the caller joined
   if (config_.stage_evicted) {
