@@ -816,8 +816,29 @@ def test_w5_targets_table_judges_each_target() -> None:
     assert ratio == pytest.approx((128 / 1.6) / (512 / 2.4))
     text = format_w5_targets(results)
     line = next(x for x in text.splitlines() if x.startswith("| embstore fwd / torch"))
-    assert line.endswith("NOT met |")  # 1.2x at 2 threads
+    assert line.endswith("NOT met at 2 thread(s) |")  # 1.2x at 2 threads; 0.83x at 1
     assert "| n/a |" in text  # no FBGEMM at B=128
+    # The forward is judged at every thread count: a miss at 1 thread alone fails it too.
+    results[2] = row("torch", 512, 1, 0.8, 9.0, 0.0)  # embstore's 1.0 ms: 1.25x
+    results[3] = row("torch", 512, 2, 0.9, 9.0, 0.0)  # 0.67x
+    line = next(
+        x for x in format_w5_targets(results).splitlines() if x.startswith("| embstore fwd")
+    )
+    assert line.endswith("NOT met at 1 thread(s) |")
+    results[2] = row("torch", 512, 1, 1.5, 9.0, 0.0)
+    line = next(
+        x for x in format_w5_targets(results).splitlines() if x.startswith("| embstore fwd")
+    )
+    assert line.endswith("| met |")
+
+
+def test_w5_ratios_near_a_threshold_show_the_side_they_are_on() -> None:
+    from embstore.bench.targets_w5 import format_ratio
+
+    assert format_ratio(0.896, ">=", 0.9) == "0.896x"  # 0.90x would read as met
+    assert format_ratio(0.904, ">=", 0.9) == "0.90x"
+    assert format_ratio(1.004, "<=", 1.0) == "1.004x"
+    assert format_ratio(3.58, ">=", 3.0) == "3.58x"
 
 
 def test_w5_flags(monkeypatch: pytest.MonkeyPatch) -> None:
