@@ -15,10 +15,35 @@ void validate_route_requests(const std::vector<RouteRequest>& requests) {
   }
 }
 
-RouteCounts count_routes(const RouteRequest& r, uint32_t num_routes, uint64_t salt,
-                         uint32_t* route) {
-  const size_t R = num_routes;
-  std::vector<int64_t> key_count(R, 0), bag_count(R, 0), last_bag(R, -1);
+namespace {
+
+// Pass 1's per-id work, into key_count[s] and bag_count[s] (ids and bags on route s). Two
+// routes keep their counters in registers: with counters in memory, consecutive ids on the
+// same route chain through store-to-load forwarding (half of them at two routes).
+void count_two(const RouteRequest& r, uint64_t salt, uint32_t* route, int64_t* key_count,
+               int64_t* bag_count) {
+  int64_t keys1 = 0, bags0 = 0, bags1 = 0;
+  for (size_t b = 0; b < r.num_bags; ++b) {
+    uint32_t any0 = 0, any1 = 0;
+    for (int64_t i = r.offsets[b]; i < r.offsets[b + 1]; ++i) {
+      const uint32_t s = route_of(r.keys[i], salt, 2);
+      route[i] = s;
+      keys1 += s;
+      any1 |= s;
+      any0 |= s ^ 1u;
+    }
+    bags0 += any0;
+    bags1 += any1;
+  }
+  key_count[0] = r.offsets[r.num_bags] - r.offsets[0] - keys1;
+  key_count[1] = keys1;
+  bag_count[0] = bags0;
+  bag_count[1] = bags1;
+}
+
+void count_any(const RouteRequest& r, uint32_t num_routes, uint64_t salt, uint32_t* route,
+               int64_t* key_count, int64_t* bag_count) {
+  std::vector<int64_t> last_bag(num_routes, -1);
   for (size_t b = 0; b < r.num_bags; ++b) {
     const int64_t bag = static_cast<int64_t>(b);
     for (int64_t i = r.offsets[b]; i < r.offsets[b + 1]; ++i) {
@@ -28,6 +53,19 @@ RouteCounts count_routes(const RouteRequest& r, uint32_t num_routes, uint64_t sa
       bag_count[s] += last_bag[s] != bag;  // branch-free: which route comes next is random
       last_bag[s] = bag;
     }
+  }
+}
+
+}  // namespace
+
+RouteCounts count_routes(const RouteRequest& r, uint32_t num_routes, uint64_t salt,
+                         uint32_t* route) {
+  const size_t R = num_routes;
+  std::vector<int64_t> key_count(R, 0), bag_count(R, 0);
+  if (num_routes == 2) {
+    count_two(r, salt, route, key_count.data(), bag_count.data());
+  } else {
+    count_any(r, num_routes, salt, route, key_count.data(), bag_count.data());
   }
   RouteCounts c;
   c.dense = r.num_bags > 0;
@@ -51,6 +89,8 @@ void fill_routes(const RouteRequest& r, const uint32_t* route, const RouteCounts
   std::vector<int64_t> key_at(c.key_start.begin(), c.key_start.end() - 1);
   std::vector<int64_t> bag_at(c.bag_start.begin(), c.bag_start.end() - 1);
   std::vector<int64_t> last_bag(R, -1);
+  // Two routes' key cursors live in registers (see count_two).
+  int64_t at0 = key_at[0], at1 = R == 2 ? key_at[1] : 0;
   for (size_t b = 0; b < r.num_bags; ++b) {
     const int64_t bag = static_cast<int64_t>(b);
     const float size = static_cast<float>(r.offsets[b + 1] - r.offsets[b]);
@@ -58,19 +98,28 @@ void fill_routes(const RouteRequest& r, const uint32_t* route, const RouteCounts
       for (size_t s = 0; s < R; ++s) {
         const size_t at = static_cast<size_t>(bag_at[s]++);
         out.bags[at] = bag;
-        out.offsets[at + s] = key_at[s] - c.key_start[s];
+        const int64_t next = R == 2 ? (s == 0 ? at0 : at1) : key_at[s];
+        out.offsets[at + s] = next - c.key_start[s];
         last_bag[s] = bag;
       }
     }
     for (int64_t i = r.offsets[b]; i < r.offsets[b + 1]; ++i) {
       const uint32_t s = route[i];
-      if (last_bag[s] != bag) {  // the first id of this bag on route s opens its sub-bag
+      if (!c.dense && last_bag[s] != bag) {  // the first id of this bag on route s opens it
         last_bag[s] = bag;
         const size_t at = static_cast<size_t>(bag_at[s]++);
         out.bags[at] = bag;
-        out.offsets[at + s] = key_at[s] - c.key_start[s];
+        const int64_t next = R == 2 ? (s == 0 ? at0 : at1) : key_at[s];
+        out.offsets[at + s] = next - c.key_start[s];
       }
-      const size_t k = static_cast<size_t>(key_at[s]++);
+      size_t k;
+      if (R == 2) {
+        k = static_cast<size_t>(s != 0 ? at1 : at0);
+        at0 += static_cast<int64_t>(s ^ 1u);
+        at1 += static_cast<int64_t>(s);
+      } else {
+        k = static_cast<size_t>(key_at[s]++);
+      }
       out.order[k] = i;
       out.keys[k] = r.keys[i];
       const float w = r.weights != nullptr ? r.weights[i] : 1.0f;
