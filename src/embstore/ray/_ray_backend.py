@@ -179,8 +179,10 @@ class RayBackend:
         self._use_compiled = restore == "fail" and actors is None and _compiled.enabled()
         self._compiled: _compiled.CompiledSteps | None = None
         self._compiled_dead: set[int] = set()  # shards found dead when the graph failed
-        # By method: how long after submission the last compiled call's slowest shard ended.
-        self._done_ns: dict[str, int] = {}
+        # By method: how long after submission the slowest shard ended, for the call being
+        # read (_took) and the last two (_done_ns); 0 where a shard's clock was not ours.
+        self._took: dict[str, int] = {}
+        self._done_ns: dict[str, tuple[int, int]] = {}
         self.actors = actors if actors is not None else self._spawn(source)
 
     def _spawn(self, source: _sharded.Source | None) -> list[Any]:
@@ -259,6 +261,7 @@ class RayBackend:
             except Exception:  # noqa: BLE001  (e.g. a dead actor: ordinary calls instead)
                 return None
             self._compiled_dead = set()
+            self._took, self._done_ns = {}, {}  # new actors or a new graph: times anew
         return self._compiled
 
     def _compiled_failed(self) -> None:
@@ -302,22 +305,26 @@ class RayBackend:
         graph's reader polls a core; on a machine the client shares with the shards (Ray
         runs them at niceness 15) the polling took that core from one of them, and the two
         shards of a step ran one after the other."""
-        wait = SLEEP_SHARE * self._done_ns.get(future.method, 0) - (
+        wait = SLEEP_SHARE * min(self._done_ns.get(future.method, (0, 0))) - (
             time.monotonic_ns() - future.submitted
         )
         if wait > MIN_SLEEP_NS:
             time.sleep(wait / 1e9)
 
     def _note_done(self, shard: int, future: _Call, done: int) -> None:
-        """Keeps how long after submission the slowest shard of this call ended. ``done``
-        is the shard's clock: it counts only when it falls between submission and now (a
-        shard on another machine has another clock; then the client does not sleep)."""
+        """Keeps how long after submission the slowest shard of this call ended, and after
+        the last shard the last two calls' times: the client sleeps on the smaller, so one
+        slow call (the graph's first execution, a save holding a shard) does not make the
+        next one sleep long. ``done`` is the shard's clock: it counts only when it falls
+        between submission and now (a shard on another machine has another clock; then
+        the client does not sleep)."""
         now = time.monotonic_ns()
         took = done - future.submitted if future.submitted <= done <= now else 0
-        if shard == 0 or took == 0:
-            self._done_ns[future.method] = took
-        elif self._done_ns.get(future.method, 0) != 0:
-            self._done_ns[future.method] = max(took, self._done_ns[future.method])
+        method = future.method
+        slowest = self._took.get(method, 0)
+        self._took[method] = took if shard == 0 else (max(took, slowest) if took and slowest else 0)
+        if shard == len(self.actors) - 1:
+            self._done_ns[method] = (self._done_ns.get(method, (0, 0))[1], self._took[method])
 
     def result(self, shard: int, future: _Call, applied: str) -> Any:
         if future.compiled:
