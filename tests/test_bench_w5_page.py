@@ -50,6 +50,14 @@ def _x(v: float) -> str:
     return f"{v:.2f}x"
 
 
+def _target(v: float, op: str, thr: float) -> str:
+    """A target's ratio as the page prints it (3 decimals where 2 would round it onto the
+    other side of the threshold)."""
+    from embstore.bench.targets_w5 import format_ratio
+
+    return format_ratio(v, op, thr)
+
+
 def test_runs_are_told_apart_by_their_config(w5_json: Path) -> None:
     from embstore.bench.results_io import load_results, split_runs
 
@@ -90,18 +98,23 @@ def test_results_page_has_a_w5_section_with_the_runs_figures(w5_json: Path) -> N
         assert es is not None
         step, floor, fwd, fbgemm, scaling, ids = cells[2:]
         assert step == f"{es['step_ms']:.2f}"
-        assert floor.split()[0] == _x(es["step_ms"] / es["floor_ms"])
+        floor_limit = 1.5 if bs == 64 else 2.0
+        assert floor.split()[0] == _target(es["step_ms"] / es["floor_ms"], "<=", floor_limit)
         torch = _row(w5, "torch", bs, t)
-        assert fwd.split()[0] == (_x(es["forward_ms"] / torch["forward_ms"]) if torch else "n/a")
+        want = _target(es["forward_ms"] / torch["forward_ms"], "<=", 1.0) if torch else "n/a"
+        assert fwd.split()[0] == want
+        if torch:  # the forward is judged at every thread count
+            assert fwd.endswith(" met")  # "met" or "NOT met"
         assert fbgemm == "n/a"  # FBGEMM did not run
         if t == 1:
             assert scaling == "-"
-            assert all(" met" not in c for c in cells)  # verdicts at 2 threads only
+            # The other targets are judged at 2 threads only.
+            assert all(" met" not in c for c in (floor, fbgemm, scaling, ids))
         else:
             one = _row(w5, "embstore", bs, 1)
             assert one is not None
             expected = (one["step_ms"] / es["step_ms"]) / (one["floor_ms"] / es["floor_ms"])
-            assert scaling.split()[0] == _x(expected)
+            assert scaling.split()[0] == _target(expected, ">=", 0.9)
             assert scaling.endswith(" met")  # "met" or "NOT met"
             assert floor.endswith(" met")
         if bs == 64:
@@ -109,7 +122,7 @@ def test_results_page_has_a_w5_section_with_the_runs_figures(w5_json: Path) -> N
         else:
             big = _row(w5, "embstore", 64, t)
             assert big is not None
-            assert ids.split()[0] == _x(es["ids_per_s"] / big["ids_per_s"])
+            assert ids.split()[0] == _target(es["ids_per_s"] / big["ids_per_s"], ">=", 0.6)
     assert has_torch == ("n/a" not in "".join(r[4] for r in rows))
     assert "ids/s at B=16 / ids/s at B=64 >= 0.6x" in page
     mem = w5["memory"][0]
