@@ -91,27 +91,23 @@ void fill_routes(const RouteRequest& r, const uint32_t* route, const RouteCounts
   std::vector<int64_t> last_bag(R, -1);
   // Two routes' key cursors live in registers (see count_two).
   int64_t at0 = key_at[0], at1 = R == 2 ? key_at[1] : 0;
+  // Opens bag `bag`'s sub-bag on route s: its index and its offset (the route's next key).
+  const auto open_bag = [&](size_t s, int64_t bag) {
+    last_bag[s] = bag;
+    const size_t at = static_cast<size_t>(bag_at[s]++);
+    out.bags[at] = bag;
+    const int64_t next = R == 2 ? (s == 0 ? at0 : at1) : key_at[s];
+    out.offsets[at + s] = next - c.key_start[s];
+  };
   for (size_t b = 0; b < r.num_bags; ++b) {
     const int64_t bag = static_cast<int64_t>(b);
     const float size = static_cast<float>(r.offsets[b + 1] - r.offsets[b]);
     if (c.dense) {  // every route opens every bag, empty or not
-      for (size_t s = 0; s < R; ++s) {
-        const size_t at = static_cast<size_t>(bag_at[s]++);
-        out.bags[at] = bag;
-        const int64_t next = R == 2 ? (s == 0 ? at0 : at1) : key_at[s];
-        out.offsets[at + s] = next - c.key_start[s];
-        last_bag[s] = bag;
-      }
+      for (size_t s = 0; s < R; ++s) open_bag(s, bag);
     }
     for (int64_t i = r.offsets[b]; i < r.offsets[b + 1]; ++i) {
       const uint32_t s = route[i];
-      if (!c.dense && last_bag[s] != bag) {  // the first id of this bag on route s opens it
-        last_bag[s] = bag;
-        const size_t at = static_cast<size_t>(bag_at[s]++);
-        out.bags[at] = bag;
-        const int64_t next = R == 2 ? (s == 0 ? at0 : at1) : key_at[s];
-        out.offsets[at + s] = next - c.key_start[s];
-      }
+      if (!c.dense && last_bag[s] != bag) open_bag(s, bag);  // the bag's first id on route s
       size_t k;
       if (R == 2) {
         k = static_cast<size_t>(s != 0 ? at1 : at0);
