@@ -68,10 +68,20 @@ def test_defaults() -> None:
 
 @pytest.mark.parametrize(
     ("capacity", "shards"),
-    [(1, 1), (4095, 1), (4096, 2), (8192, 4), (32768, 16), (10**6, 16), (10**8, 16)],
+    [
+        (1, 1),
+        (32767, 1),
+        (32768, 2),
+        (65536, 4),
+        (93145, 4),
+        (262143, 8),
+        (262144, 16),
+        (10**6, 16),
+        (10**8, 16),
+    ],
 )
-def test_default_shards_one_per_2048_rows_at_most_16(capacity: int, shards: int) -> None:
-    """Without num_shards a table gets one shard per ~2,048 rows, at most 16."""
+def test_default_shards_one_per_16384_rows_at_most_16(capacity: int, shards: int) -> None:
+    """Without num_shards a table gets one shard per 16,384 rows, at most 16."""
     assert embstore.Table(dim=1, capacity=capacity).num_shards == shards
 
 

@@ -208,7 +208,7 @@ def test_configuration_is_restored(tmp_path: Path) -> None:
 
 
 def test_default_shards_follow_the_saved_table_and_threads_the_machine(tmp_path: Path) -> None:
-    t = embstore.Table(dim=2, capacity=50_000)  # num_threads=None: stays unset in the file
+    t = embstore.Table(dim=2, capacity=300_000)  # num_threads=None: stays unset in the file
     t.save(tmp_path / "d.ckpt")
     assert checkpoint.read_header(tmp_path / "d.ckpt")["table"]["num_threads"] is None
     u = embstore.Table.load(tmp_path / "d.ckpt")
