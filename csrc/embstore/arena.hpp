@@ -34,7 +34,7 @@ constexpr size_t kCacheLine = 64;
 // last whole huge page gets 4 KiB pages (resident only as touched), not up to 2 MiB more.
 class LargeBuffer {
  public:
-  static constexpr size_t kMapThreshold = size_t{128} << 10;
+  static constexpr size_t kMapThreshold = size_t{16} << 10;
   static constexpr size_t kHugeThreshold = size_t{4} << 20;
   static constexpr size_t kHugePage = size_t{2} << 20;
 
