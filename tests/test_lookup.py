@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from helpers import (
@@ -162,15 +164,19 @@ def test_results_identical_for_any_thread_count(mode: str, rng: np.random.Genera
 
 def test_pooled_sum_starts_from_positive_zero() -> None:
     """s = 0; s = s + w_i * row_i: the sum starts from +0.0, so a bag whose only terms are
-    -0.0 (negative weight times a zero row) gives +0.0, bit for bit, as the reference does."""
-    t = Config(dim=2, initializer=ZerosSpec()).table()
-    keys = u64([1, 2])
-    w = np.array([-1.0, -1.0], np.float32)
-    for off in ([0, 1, 2], [0, 2]):
-        got = t.lookup_sum(keys, off, weights=w)
-        want = pool(np.zeros((2, 2), np.float32), off, w)
-        assert not np.signbit(want).any()
-        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), got
+    -0.0 (negative weight times a zero row) gives +0.0, bit for bit, as the reference does:
+    on the inserting and the lock-free path, for a generic and a fixed-width kernel, in bags
+    of one id (their own path) and of two, summed or averaged."""
+    for dim in (2, 16):
+        t = Config(dim=dim, initializer=ZerosSpec()).table()
+        keys = u64([1, 2])
+        w = np.array([-1.0, -1.0], np.float32)
+        for off, mode in itertools.product(([0, 1, 2], [0, 2]), ("sum", "mean")):
+            want = pool(np.zeros((2, dim), np.float32), off, w, mode)
+            assert not np.signbit(want).any()
+            for _ in range(2):  # the first call inserts, the second reads lock-free
+                got = t.lookup_sum(keys, off, weights=w, mode=mode)
+                assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), got
 
 
 def test_lock_free_reads_match_reference_at_every_length_around_the_pipeline() -> None:

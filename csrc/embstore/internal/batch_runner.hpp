@@ -244,7 +244,12 @@ struct BatchRunner {
       }
       const size_t begin = static_cast<size_t>(r.offsets[bag]);
       const size_t end = static_cast<size_t>(r.offsets[bag + 1]);
-      if (begin == end) {  // an empty bag reads zeros
+      if (end - begin == 1) {  // one id (L = 1): 0 + w * row, straight into out (mean: / 1)
+        const float* src = row_of(begin);
+        if (src == nullptr) return false;
+        accumulate_row<kDim>(out, src, r.weights != nullptr ? r.weights + begin : nullptr, true,
+                             dim);
+      } else if (begin == end) {  // an empty bag reads zeros
         std::memset(out, 0, dim * sizeof(float));
       } else if (!pool_bag<kDim>(out, begin, end, r.weights, r.mode, dim, row_of)) {
         return false;
