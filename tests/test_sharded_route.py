@@ -129,3 +129,32 @@ def test_route_validates_like_a_group_call() -> None:
         _core.route_batches(
             [(keys.astype(np.int32), np.array([0, 3]), None, None)], ["t"], 2, 1, False
         )
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_keys=st.integers(0, 60), bags=st.integers(1, 12))
+def test_shard_grads_are_each_shards_bag_gradients(seed: int, n_keys: int, bags: int) -> None:
+    """Each shard gets the gradient rows of the bags it holds, in its bags' order: the whole
+    array when it holds every bag, else a gather (in C++, into pooled memory)."""
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, 1000, n_keys).astype(np.uint64)
+    off = random_offsets(rng, n_keys, bags)
+    (plan,) = _pool.route(["t"], [(keys, off, None, None)], 2, mean=False)
+    g = rng.standard_normal((bags, 3)).astype(np.float32)
+    for s in range(2):
+        got = _pool.shard_grads({"t": g}, {"t": plan}, s)["t"]
+        b = plan.bags[plan.bag_start[s] : plan.bag_start[s + 1]]
+        np.testing.assert_array_equal(got, g[b])
+        assert got.flags.c_contiguous
+        assert got.dtype == np.float32
+
+
+def test_gather_rows_checks_its_input() -> None:
+    rows = np.zeros((4, 2), np.float32)
+    assert _core.gather_rows(rows, np.zeros(0, np.int64)).shape == (0, 2)
+    with pytest.raises(ValueError, match="bags: index out of range"):
+        _core.gather_rows(rows, np.array([4], np.int64))
+    with pytest.raises(ValueError, match="bags: index out of range"):
+        _core.gather_rows(rows, np.array([-1], np.int64))
+    with pytest.raises(TypeError, match="rows"):
+        _core.gather_rows(rows.astype(np.float64), np.array([0], np.int64))

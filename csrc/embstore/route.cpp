@@ -1,6 +1,7 @@
 #include "embstore/route.hpp"
 
 #include <algorithm>  // std::min
+#include <cstring>    // std::memcpy
 
 #include "embstore/thread_pool.hpp"  // ThreadPool
 #include "embstore/validate.hpp"     // validate_offsets, validate_finite
@@ -169,6 +170,13 @@ void add_rows(float* out, size_t dim, const int64_t* bags, size_t count,
     float* __restrict dst = out + static_cast<size_t>(bags[j]) * dim;
     const float* __restrict src = rows + j * dim;
     for (size_t k = 0; k < dim; ++k) dst[k] = dst[k] + src[k];
+  }
+}
+
+void gather_rows(float* out, size_t dim, const int64_t* bags, size_t count,
+                 const float* rows) noexcept {
+  for (size_t j = 0; j < count; ++j) {
+    std::memcpy(out + j * dim, rows + static_cast<size_t>(bags[j]) * dim, dim * sizeof(float));
   }
 }
 

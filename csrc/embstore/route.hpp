@@ -108,6 +108,11 @@ void fill_routes_many(const std::vector<RouteRequest>& requests, const uint32_t*
 void add_rows(float* out, size_t dim, const int64_t* bags, size_t count,
               const float* rows) noexcept;
 
+// out[j] = rows[bags[j]] for j in [0, count): gathers the bag gradients of one route's bags.
+// Bags must be < the rows of `rows`.
+void gather_rows(float* out, size_t dim, const int64_t* bags, size_t count,
+                 const float* rows) noexcept;
+
 // out[i] = route_of(keys[i], salt, num_routes).
 void route_ids(const uint64_t* keys, size_t n, uint64_t salt, uint32_t num_routes,
                uint32_t* out) noexcept;

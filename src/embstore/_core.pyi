@@ -238,6 +238,9 @@ def route_batches(
 def add_rows(
     out: npt.NDArray[np.float32], bags: npt.NDArray[np.int64], rows: npt.NDArray[np.float32]
 ) -> None: ...
+def gather_rows(
+    rows: npt.NDArray[np.float32], bags: npt.NDArray[np.int64]
+) -> npt.NDArray[np.float32]: ...
 def route_ids(
     keys: npt.NDArray[np.uint64], num_routes: int, salt: int
 ) -> npt.NDArray[np.uint32]: ...

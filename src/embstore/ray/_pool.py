@@ -65,7 +65,8 @@ def shard_grads(grads: dict[str, F32], plans: dict[str, Plan], shard: int) -> di
     for name, g in grads.items():
         plan = plans[name]
         b0, b1 = int(plan.bag_start[shard]), int(plan.bag_start[shard + 1])
-        out[name] = g if b1 - b0 == g.shape[0] else g.take(plan.bags[b0:b1], axis=0)
+        # In C++ into pooled memory: numpy's take page-faulted a fresh array every call.
+        out[name] = g if b1 - b0 == g.shape[0] else _core.gather_rows(g, plan.bags[b0:b1])
     return out
 
 
