@@ -423,6 +423,59 @@ def test_group_inputs_in_any_accepted_form_match_core_arrays(
         )
 
 
+def test_one_entry_to_convert_sends_the_whole_call_through_the_checks(
+    rng: np.random.Generator,
+) -> None:
+    """A call goes to the core as it is when every entry is in the core's formats; one entry
+    that is not (here: int32 offsets) makes the core do nothing and the call is converted
+    and sent again, so no table is looked up or updated twice."""
+    group, twins = _group()
+    canonical_twin = embstore.TableGroup(twins)
+    for _ in range(3):
+        feats = {name: _batch(rng, name, 5) for name in CONFIGS}
+        grads = {
+            n: (k, off, rng.normal(size=(5, CONFIGS[n].dim)).astype(np.float32))
+            for n, (k, off) in feats.items()
+        }
+        mixed = dict(feats, item=(feats["item"][0], feats["item"][1].astype(np.int32)))
+        mixed_grads = dict(grads, ctx=(*grads["ctx"][:2], grads["ctx"][2].astype(np.float64)))
+        got = group.lookup_sum(mixed)
+        want = canonical_twin.lookup_sum(feats)
+        for name in CONFIGS:
+            assert_rows_equal(got[name], want[name])
+        group.apply_gradients(mixed_grads)
+        canonical_twin.apply_gradients(grads)
+    universe = np.arange(200, dtype=np.uint64)
+    for name in CONFIGS:
+        for counter in ("hits", "misses", "inserts", "reused_rows"):
+            assert group[name].stats()[counter] == twins[name].stats()[counter], counter
+        assert_rows_equal(
+            group[name].lookup(universe, insert=False), twins[name].lookup(universe, insert=False)
+        )
+
+
+def test_core_group_calls_not_strict_do_nothing_on_an_entry_to_convert() -> None:
+    """The binding's strict=False: an entry not in the core's formats makes the whole call
+    return None (lookup) or False (apply) before any table is touched; strict (the default)
+    raises TypeError naming the table."""
+    from embstore import _core
+
+    t = embstore.Table(dim=2, capacity=100)
+    core = t._internals().live()
+    good = (u64([1, 2]), np.array([0, 2], np.int64))
+    bad = (u64([3]), np.array([0, 1], np.int32))
+    g = np.ones((1, 2), np.float32)
+    assert _core.group_lookup_sum([core, core], [good, bad], 0, True, ["a", "b"], False) is None
+    assert not _core.group_apply_gradients([core], [(*bad, g)], 0, ["b"], False)
+    assert len(t) == 0
+    with pytest.raises(TypeError, match="table 'b': offsets"):
+        _core.group_lookup_sum([core, core], [good, bad], 0, True, ["a", "b"])
+    assert len(t) == 0
+    (out,) = _core.group_lookup_sum([core], [good], 0, True, ["a"], False)
+    assert out.shape == (1, 2)
+    assert len(t) == 2
+
+
 def test_group_call_on_a_closed_table_raises() -> None:
     """A table closed after the group was made: the group's calls raise and run nothing."""
     group, _ = _group()

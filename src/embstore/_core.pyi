@@ -2,7 +2,7 @@
 # Arrays must already have the exact dtype, C-contiguous layout and shape (the facade in
 # embstore/table.py and embstore/group.py guarantees it); otherwise TypeError/ValueError.
 
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -169,20 +169,33 @@ def begin_snapshot(table: Table, mode: int) -> Snapshot: ...
 
 # TableGroup's calls: one tuple per table in canonical form (keys uint64 or int64 1-D,
 # offsets int64 1-D, grads float32 [bags, dim], weights float32 1-D or None; all
-# C-contiguous); anything else raises TypeError naming the table and the argument.
+# C-contiguous); anything else raises TypeError naming the table and the argument, or with
+# strict=False does nothing and returns None (lookup) or False (apply).
+@overload
 def group_lookup_sum(
     tables: list[Table],
     features: list[tuple[Any, ...]],
     mode: int,
     insert: bool,
     labels: list[str],
+    strict: Literal[True] = True,
 ) -> list[npt.NDArray[np.float32]]: ...
+@overload
+def group_lookup_sum(
+    tables: list[Table],
+    features: list[Any],
+    mode: int,
+    insert: bool,
+    labels: list[str],
+    strict: bool,
+) -> list[npt.NDArray[np.float32]] | None: ...
 def group_apply_gradients(
     tables: list[Table],
-    grads: list[tuple[Any, ...]],
+    grads: list[Any],
     mode: int,
     labels: list[str],
-) -> None: ...
+    strict: bool = True,
+) -> bool: ...
 def empty_rows(rows: int, dim: int) -> npt.NDArray[np.float32]: ...
 def output_pool_bytes() -> int: ...
 def output_pool_limit() -> int: ...

@@ -66,6 +66,8 @@ class TableGroup(Mapping[str, Table]):
         }
         for name, state in self._states.items():
             state.adopt_name(name)  # an unnamed table takes the group's name
+        # Tables with an on_evict callback: the only ones a call must hand evicted rows to.
+        self._evicting = {n for n, s in self._states.items() if s.spec.on_evict is not None}
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (TableGroup, (self._tables,))
@@ -94,8 +96,28 @@ class TableGroup(Mapping[str, Table]):
             raise _arrays.unknown_table(name, self.names) from None
 
     def _deliver_evicted(self, names: list[str]) -> None:
+        if not self._evicting:
+            return
         for name in names:  # each table's on_evict, after the whole call (no locks held)
-            self._tables[name]._internals().deliver_evicted()
+            if name in self._evicting:
+                self._states[name].deliver_evicted()
+
+    def _direct(self, entries: Any, what: str) -> tuple[list[str], list[_core.Table]] | None:
+        """The names and cores of a call that may go to the core as it is: every table
+        known and open, none with a padding id. The core then checks the entries' formats
+        itself (the per-table checks in Python cost more than the call at W5's sizes)."""
+        names = _arrays.entry_names(entries, what)
+        if self._padding:
+            return None
+        cores = []
+        states = self._states
+        for name in names:
+            state = states.get(name)
+            core = None if state is None else state.core
+            if core is None:
+                return None
+            cores.append(core)
+        return names, cores
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         """Checkpoint every table into ``directory`` (created if needed): one file per table
@@ -239,8 +261,15 @@ class TableGroup(Mapping[str, Table]):
         A bad entry raises an error naming its table, and no table changes.
         """
         code = _arrays.mode_code(mode)
-        names, impls, batches = self.lookup_entries(features)
-        outs = _core.group_lookup_sum(impls, batches, code, bool(insert), names)
+        direct = self._direct(features, "features")
+        outs = None
+        if direct is not None:  # entries already in the core's formats: no copies, no checks
+            names, cores = direct
+            values = list(features.values())
+            outs = _core.group_lookup_sum(cores, values, code, bool(insert), names, False)
+        if outs is None:
+            names, impls, batches = self.lookup_entries(features)
+            outs = _core.group_lookup_sum(impls, batches, code, bool(insert), names)
         if insert:  # only inserts evict
             self._deliver_evicted(names)
         return dict(zip(names, outs, strict=True))
@@ -253,6 +282,12 @@ class TableGroup(Mapping[str, Table]):
         A bad entry raises an error naming its table, and no table changes.
         """
         code = _arrays.mode_code(mode)
-        names, impls, batches = self.apply_entries(grads)
-        _core.group_apply_gradients(impls, batches, code, names)
+        direct = self._direct(grads, "grads")
+        done = False
+        if direct is not None:  # as in lookup_sum
+            names, cores = direct
+            done = _core.group_apply_gradients(cores, list(grads.values()), code, names, False)
+        if not done:
+            names, impls, batches = self.apply_entries(grads)
+            _core.group_apply_gradients(impls, batches, code, names)
         self._deliver_evicted(names)
