@@ -891,3 +891,18 @@ def test_w5_plot_shows_the_headline_batch(w5_report: dict[str, Any], tmp_path: A
 
     out = plot_report(w5_report, tmp_path / "w5.png")
     assert out.stat().st_size > 0
+
+
+def test_w5_full_times_more_batches_than_w1_full() -> None:
+    """W5's steps are short: its --full run times W5_FULL_BATCHES a pass, W1's keeps 20, and
+    an explicit --batches still wins."""
+    from embstore.bench.cli import build_parser, config_from_args
+    from embstore.bench.runner import W5_FULL_BATCHES
+
+    def cfg(*argv: str) -> Any:
+        return config_from_args(build_parser().parse_args(list(argv)))
+
+    assert cfg("--workload", "w5", "--full").batches == W5_FULL_BATCHES == 100
+    assert cfg("--full").batches == 20
+    assert cfg("--workload", "w5").batches == cfg().batches
+    assert cfg("--workload", "w5", "--full", "--batches", "7").batches == 7
