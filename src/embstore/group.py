@@ -265,7 +265,7 @@ class TableGroup(Mapping[str, Table]):
         outs = None
         if direct is not None:  # entries already in the core's formats: no copies, no checks
             names, cores = direct
-            values = list(features.values())
+            values = [features[n] for n in names]  # by name: a dict subclass may reorder
             outs = _core.group_lookup_sum(cores, values, code, bool(insert), names, False)
         if outs is None:
             names, impls, batches = self.lookup_entries(features)
@@ -286,7 +286,8 @@ class TableGroup(Mapping[str, Table]):
         done = False
         if direct is not None:  # as in lookup_sum
             names, cores = direct
-            done = _core.group_apply_gradients(cores, list(grads.values()), code, names, False)
+            values = [grads[n] for n in names]
+            done = _core.group_apply_gradients(cores, values, code, names, False)
         if not done:
             names, impls, batches = self.apply_entries(grads)
             _core.group_apply_gradients(impls, batches, code, names)

@@ -15,7 +15,7 @@ from embstore.bench.plot import PlotUnavailable, plot_report, require_matplotlib
 from embstore.bench.reference import VerificationError
 from embstore.bench.report import format_report
 from embstore.bench.results_io import load_report, load_results, split_runs
-from embstore.bench.runner import BenchConfig, run
+from embstore.bench.runner import W5_FULL_BATCHES, BenchConfig, run
 from embstore.bench.w5 import CRITEO_CARDINALITIES
 from embstore.bench.workload import placement
 
@@ -97,7 +97,8 @@ def build_parser(prog: str = "python -m embstore bench") -> argparse.ArgumentPar
         "--batches",
         type=_positive_int,
         metavar="N",
-        help=f"timed batches per case (default {quick.batches}, --full {full.batches})",
+        help=f"timed batches per case (default {quick.batches}, --full {full.batches}, "
+        f"W5 --full {W5_FULL_BATCHES})",
     )
     p.add_argument(
         "--warmup",
