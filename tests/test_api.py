@@ -70,7 +70,9 @@ def test_defaults() -> None:
     ("capacity", "shards"),
     [
         (1, 1),
-        (32767, 1),
+        (16383, 1),
+        (16384, 2),
+        (32767, 2),
         (32768, 2),
         (65536, 4),
         (93145, 4),
@@ -81,7 +83,8 @@ def test_defaults() -> None:
     ],
 )
 def test_default_shards_one_per_16384_rows_at_most_16(capacity: int, shards: int) -> None:
-    """Without num_shards a table gets one shard per 16,384 rows, at most 16."""
+    """Without num_shards a table gets one shard per 16,384 rows, at most 16, and at least
+    two from 16,384 rows (an apply runs one task per shard)."""
     assert embstore.Table(dim=1, capacity=capacity).num_shards == shards
 
 

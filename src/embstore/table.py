@@ -50,7 +50,8 @@ class Table:
         Default ``Normal(std=0.01, seed=0)``.
     num_shards : int, optional
         Power of two <= capacity; each shard has its own lock, index and CLOCK ring.
-        Default: one per 16,384 rows of capacity, at most 16.
+        Default: one per 16,384 rows of capacity, at least two from 16,384 rows,
+        at most 16.
     eviction : {"clock", "none"}
         What a full table does on insert: evict by CLOCK (second chance), or raise
         :class:`embstore.CapacityError`.
