@@ -158,3 +158,13 @@ def test_gather_rows_checks_its_input() -> None:
         _core.gather_rows(rows, np.array([-1], np.int64))
     with pytest.raises(TypeError, match="rows"):
         _core.gather_rows(rows.astype(np.float64), np.array([0], np.int64))
+
+
+def test_add_rows_adds_into_the_bags_and_checks_its_input() -> None:
+    out = np.ones((3, 2), np.float32)
+    _core.add_rows(out, np.array([2, 0], np.int64), np.array([[1, 2], [3, 4]], np.float32))
+    np.testing.assert_array_equal(out, [[4, 5], [1, 1], [2, 3]])
+    for bad in ([3], [-1]):
+        with pytest.raises(ValueError, match="bags: index out of range"):
+            _core.add_rows(out, np.array(bad, np.int64), np.zeros((1, 2), np.float32))
+    np.testing.assert_array_equal(out, [[4, 5], [1, 1], [2, 3]])  # a bad call adds nothing

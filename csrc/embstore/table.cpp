@@ -32,7 +32,6 @@ namespace {
 bool is_power_of_two(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 constexpr size_t kRowsPerDefaultShard = 16384;
-constexpr size_t kMinRowsPerSplitShard = 8192;
 
 size_t default_shards(size_t capacity) {
   // One shard per 16,384 rows, at most 16: enough that concurrent callers rarely meet on a
@@ -41,7 +40,7 @@ size_t default_shards(size_t capacity) {
   // A shard's slack (shard_rows: 4 sigma + 32) is 3.3% of 16,384 rows, 10% of 2,048, and
   // resident once huge pages span the shards: mid-size tables paid ~8 bytes a row for it.
   // From 16,384 rows at least two: an apply runs a task per shard (one shard: one thread).
-  size_t s = capacity >= 2 * kMinRowsPerSplitShard ? 2 : 1;
+  size_t s = capacity >= kRowsPerDefaultShard ? 2 : 1;
   while (s < 16 && s * 2 * kRowsPerDefaultShard <= capacity) s *= 2;
   return s;
 }

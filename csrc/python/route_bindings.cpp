@@ -148,18 +148,24 @@ py::object route_batches(const py::list& batches, const std::vector<std::string>
   return std::move(out);
 }
 
+// `bags` as int64 [count] whose every value indexes one of `num_rows` rows, else ValueError.
+const int64_t* checked_bags(const py::array& bags, py::ssize_t num_rows) {
+  const int64_t* b = array_data<int64_t>(bags, "bags", 1, -1, -1);
+  for (py::ssize_t j = 0; j < bags.shape(0); ++j) {
+    if (b[j] < 0 || b[j] >= num_rows) throw py::value_error("bags: index out of range");
+  }
+  return b;
+}
+
 // out[bags[j]] += rows[j]: one route's partial pooled sums added into the batch's.
 void add_rows_into(const py::array& out, const py::array& bags, const py::array& rows) {
   const auto a = py::reinterpret_borrow<py::array>(out);
   float* o = const_cast<float*>(array_data<float>(out, "out", 2, -1, -1));
   if (!a.writeable()) throw py::value_error("out: array must be writeable");
   const py::ssize_t num_bags = a.shape(0), dim = a.shape(1);
-  const int64_t* b = array_data<int64_t>(bags, "bags", 1, -1, -1);
+  const int64_t* b = checked_bags(bags, num_bags);
   const py::ssize_t count = bags.shape(0);
   const float* r = array_data<float>(rows, "rows", 2, count, dim);
-  for (py::ssize_t j = 0; j < count; ++j) {
-    if (b[j] < 0 || b[j] >= num_bags) throw py::value_error("bags: index out of range");
-  }
   py::gil_scoped_release release;
   embstore::add_rows(o, static_cast<size_t>(dim), b, static_cast<size_t>(count), r);
 }
@@ -168,12 +174,9 @@ void add_rows_into(const py::array& out, const py::array& bags, const py::array&
 // pages on every call: ~65 us a W1 table of 1,024 bags in the sharded client's step).
 py::array_t<float> gather_rows_of(const py::array& rows, const py::array& bags) {
   const float* r = array_data<float>(rows, "rows", 2, -1, -1);
-  const py::ssize_t num_rows = rows.shape(0), dim = rows.shape(1);
-  const int64_t* b = array_data<int64_t>(bags, "bags", 1, -1, -1);
+  const py::ssize_t dim = rows.shape(1);
+  const int64_t* b = checked_bags(bags, rows.shape(0));
   const py::ssize_t count = bags.shape(0);
-  for (py::ssize_t j = 0; j < count; ++j) {
-    if (b[j] < 0 || b[j] >= num_rows) throw py::value_error("bags: index out of range");
-  }
   py::array_t<float> out = embstore_py::new_rows(count, dim);
   float* o = out.mutable_data();
   py::gil_scoped_release release;
