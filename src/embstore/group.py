@@ -102,10 +102,13 @@ class TableGroup(Mapping[str, Table]):
             if name in self._evicting:
                 self._states[name].deliver_evicted()
 
-    def _direct(self, entries: Any, what: str) -> tuple[list[str], list[_core.Table]] | None:
-        """The names and cores of a call that may go to the core as it is: every table
-        known and open, none with a padding id. The core then checks the entries' formats
-        itself (the per-table checks in Python cost more than the call at W5's sizes)."""
+    def _direct(
+        self, entries: Any, what: str
+    ) -> tuple[list[str], list[_core.Table], list[Any]] | None:
+        """The names, cores and entries (taken by name: a dict subclass may iterate in
+        another order) of a call that may go to the core as it is: every table known and
+        open, none with a padding id. The core then checks the entries' formats itself (the
+        per-table checks in Python cost more than the call at W5's sizes)."""
         names = _arrays.entry_names(entries, what)
         if self._padding:
             return None
@@ -117,7 +120,7 @@ class TableGroup(Mapping[str, Table]):
             if core is None:
                 return None
             cores.append(core)
-        return names, cores
+        return names, cores, [entries[n] for n in names]
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         """Checkpoint every table into ``directory`` (created if needed): one file per table
@@ -264,8 +267,7 @@ class TableGroup(Mapping[str, Table]):
         direct = self._direct(features, "features")
         outs = None
         if direct is not None:  # entries already in the core's formats: no copies, no checks
-            names, cores = direct
-            values = [features[n] for n in names]  # by name: a dict subclass may reorder
+            names, cores, values = direct
             outs = _core.group_lookup_sum(cores, values, code, bool(insert), names, False)
         if outs is None:
             names, impls, batches = self.lookup_entries(features)
@@ -285,8 +287,7 @@ class TableGroup(Mapping[str, Table]):
         direct = self._direct(grads, "grads")
         done = False
         if direct is not None:  # as in lookup_sum
-            names, cores = direct
-            values = [grads[n] for n in names]
+            names, cores, values = direct
             done = _core.group_apply_gradients(cores, values, code, names, False)
         if not done:
             names, impls, batches = self.apply_entries(grads)

@@ -47,7 +47,7 @@ def _add_workload_flag(p: argparse.ArgumentParser) -> None:
         default="w1",
         help="w1 (default) or w5: the 26 Criteo-sized tables, D=16, L=1, B=512,128; "
         "--universe then caps each table's rows (default 100,000; --full: no cap and "
-        "100 timed batches)",
+        f"{W5_FULL_BATCHES} timed batches)",
     )
 
 
