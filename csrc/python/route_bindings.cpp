@@ -148,13 +148,19 @@ py::object route_batches(const py::list& batches, const std::vector<std::string>
   return std::move(out);
 }
 
-// `bags` as int64 [count] whose every value indexes one of `num_rows` rows, else ValueError.
+// A copy of `bags` (int64 [count]) whose every value indexes one of `num_rows` rows, else
+// ValueError. A copy: the caller reads it with the GIL released, when another thread could
+// rewrite the array after the check.
 const int64_t* checked_bags(const py::array& bags, py::ssize_t num_rows) {
   const int64_t* b = array_data<int64_t>(bags, "bags", 1, -1, -1);
+  thread_local std::vector<int64_t> copy;  // reused: no allocation per call
+  copy.resize(static_cast<size_t>(bags.shape(0)));
   for (py::ssize_t j = 0; j < bags.shape(0); ++j) {
-    if (b[j] < 0 || b[j] >= num_rows) throw py::value_error("bags: index out of range");
+    const int64_t v = b[j];
+    if (v < 0 || v >= num_rows) throw py::value_error("bags: index out of range");
+    copy[static_cast<size_t>(j)] = v;
   }
-  return b;
+  return copy.data();
 }
 
 // out[bags[j]] += rows[j]: one route's partial pooled sums added into the batch's.
