@@ -4,6 +4,13 @@
 // backward-shift deletion, read marks).
 #include "helpers.hpp"
 
+#if defined(__linux__)
+#include <sys/mman.h>  // mincore
+#include <unistd.h>    // sysconf
+#endif
+
+#include <vector>  // std::vector
+
 // =======================================================================================
 // Arena
 // =======================================================================================
@@ -76,6 +83,31 @@ TEST_CASE(buffer_pool_from_many_threads) {
   CHECK(bad.load() == 0);
   CHECK(pool.pooled_bytes() <= pool.limit());
 }
+
+#if defined(__linux__)
+// Pages of [p, p + bytes) resident in RAM (p page-aligned).
+static size_t resident_pages(const void* p, size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in((bytes + page - 1) / page);
+  CHECK(mincore(const_cast<void*>(p), bytes, in.data()) == 0);
+  size_t n = 0;
+  for (const unsigned char v : in) n += v & 1;
+  return n;
+}
+
+// From 16 KiB up a buffer is mapped, zero-filled on first touch: what a table never writes
+// (a small table's last steps, a shard's slack) takes no RAM.
+TEST_CASE(large_buffers_are_resident_only_where_touched) {
+  for (const size_t bytes : {size_t{16} << 10, size_t{1} << 20}) {  // a small table's steps; more
+    LargeBuffer b(bytes);
+    CHECK(reinterpret_cast<uintptr_t>(b.data()) % 4096 == 0);
+    CHECK(resident_pages(b.data(), bytes) == 0);
+    static_cast<char*>(b.data())[bytes - 1] = 1;
+    CHECK(resident_pages(b.data(), bytes) == 1);
+    CHECK(static_cast<const char*>(b.data())[0] == 0);  // read, not written: still zero
+  }
+}
+#endif
 
 TEST_CASE(arena_alignment_and_stride) {
   CHECK(row_stride(1, 0) == 4);
@@ -172,7 +204,7 @@ TEST_CASE(shard_link_find_unlink) {
   CHECK(!sh.occupied(3));
   CHECK(!sh.dirty(3));
   CHECK(sh.unlink_and_free(ids[3], mix64(ids[3])) == kNoRow);  // already gone
-  CHECK(sh.unlink_and_free(999, mix64(999)) == kNoRow);        // never there
+  CHECK(sh.unlink_and_free(999, mix64(999)) == kNoRow);  // never there
   CHECK(sh.counters.size.load() == 7);
   sh.touch(5, 9);  // a step on a row that is then freed and reused ...
   CHECK(sh.last_step(5) == 9);
