@@ -146,7 +146,7 @@ def run(pooling: int, args: argparse.Namespace) -> None:
     )
     for name, ts in times.items():
         ms = sorted(t * 1e3 for t in ts)
-        p50, p99 = ms[len(ms) // 2], ms[min(len(ms) - 1, int(0.99 * len(ms)))]
+        p50, p99 = statistics.median(ms), ms[min(len(ms) - 1, int(0.99 * len(ms)))]
         print(
             f"  ({name}) step P50 {p50:6.2f} ms  P99 {p99:6.2f} ms  x{p50 / a50 / 1e3:4.2f} of (a)"
             f"  CPU {cpu[name] / len(ts) * 1e3:6.2f} ms/step"

@@ -151,16 +151,15 @@ py::object route_batches(const py::list& batches, const std::vector<std::string>
 // A copy of `bags` (int64 [count]) whose every value indexes one of `num_rows` rows, else
 // ValueError. A copy: the caller reads it with the GIL released, when another thread could
 // rewrite the array after the check.
-const int64_t* checked_bags(const py::array& bags, py::ssize_t num_rows) {
+std::vector<int64_t> checked_bags(const py::array& bags, py::ssize_t num_rows) {
   const int64_t* b = array_data<int64_t>(bags, "bags", 1, -1, -1);
-  thread_local std::vector<int64_t> copy;  // reused: no allocation per call
-  copy.resize(static_cast<size_t>(bags.shape(0)));
-  for (py::ssize_t j = 0; j < bags.shape(0); ++j) {
+  std::vector<int64_t> copy(static_cast<size_t>(bags.shape(0)));
+  for (size_t j = 0; j < copy.size(); ++j) {
     const int64_t v = b[j];
     if (v < 0 || v >= num_rows) throw py::value_error("bags: index out of range");
-    copy[static_cast<size_t>(j)] = v;
+    copy[j] = v;
   }
-  return copy.data();
+  return copy;
 }
 
 // out[bags[j]] += rows[j]: one route's partial pooled sums added into the batch's.
@@ -169,11 +168,11 @@ void add_rows_into(const py::array& out, const py::array& bags, const py::array&
   float* o = const_cast<float*>(array_data<float>(out, "out", 2, -1, -1));
   if (!a.writeable()) throw py::value_error("out: array must be writeable");
   const py::ssize_t num_bags = a.shape(0), dim = a.shape(1);
-  const int64_t* b = checked_bags(bags, num_bags);
-  const py::ssize_t count = bags.shape(0);
+  const std::vector<int64_t> b = checked_bags(bags, num_bags);
+  const auto count = static_cast<py::ssize_t>(b.size());
   const float* r = array_data<float>(rows, "rows", 2, count, dim);
   py::gil_scoped_release release;
-  embstore::add_rows(o, static_cast<size_t>(dim), b, static_cast<size_t>(count), r);
+  embstore::add_rows(o, static_cast<size_t>(dim), b.data(), b.size(), r);
 }
 
 // rows[bags]: a new [count, dim] array from the output pool (numpy's take allocated fresh
@@ -181,12 +180,11 @@ void add_rows_into(const py::array& out, const py::array& bags, const py::array&
 py::array_t<float> gather_rows_of(const py::array& rows, const py::array& bags) {
   const float* r = array_data<float>(rows, "rows", 2, -1, -1);
   const py::ssize_t dim = rows.shape(1);
-  const int64_t* b = checked_bags(bags, rows.shape(0));
-  const py::ssize_t count = bags.shape(0);
-  py::array_t<float> out = embstore_py::new_rows(count, dim);
+  const std::vector<int64_t> b = checked_bags(bags, rows.shape(0));
+  py::array_t<float> out = embstore_py::new_rows(static_cast<py::ssize_t>(b.size()), dim);
   float* o = out.mutable_data();
   py::gil_scoped_release release;
-  embstore::gather_rows(o, static_cast<size_t>(dim), b, static_cast<size_t>(count), r);
+  embstore::gather_rows(o, static_cast<size_t>(dim), b.data(), b.size(), r);
   return out;
 }
 
