@@ -485,6 +485,39 @@ def test_entries_go_to_their_own_tables_whatever_order_a_mapping_iterates_in(
         )
 
 
+def test_converted_entries_go_to_their_own_tables_whatever_order_a_mapping_iterates_in(
+    rng: np.random.Generator,
+) -> None:
+    """As above, for entries the group converts first (offsets as a list): the conversion
+    path pairs names and entries by name too."""
+
+    class Reversed(dict):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            return iter(reversed(list(super().__iter__())))
+
+    group, twins = _group()
+    canonical_twin = embstore.TableGroup(twins)
+    feats = {name: _batch(rng, name, 4) for name in CONFIGS}
+    listed = {n: (k, off.tolist()) for n, (k, off) in feats.items()}
+    grads = {
+        n: (k, off, rng.normal(size=(4, CONFIGS[n].dim)).astype(np.float32))
+        for n, (k, off) in feats.items()
+    }
+    listed_grads = {n: (k, off.tolist(), g) for n, (k, off, g) in grads.items()}
+    got = group.lookup_sum(Reversed(listed))
+    want = canonical_twin.lookup_sum(feats)
+    for name in CONFIGS:
+        assert_rows_equal(got[name], want[name])
+    group.apply_gradients(Reversed(listed_grads))
+    canonical_twin.apply_gradients(grads)
+    universe = np.arange(200, dtype=np.uint64)
+    for name in CONFIGS:
+        assert len(group[name]) == len(twins[name])
+        assert_rows_equal(
+            group[name].lookup(universe, insert=False), twins[name].lookup(universe, insert=False)
+        )
+
+
 def test_core_group_calls_not_strict_do_nothing_on_an_entry_to_convert() -> None:
     """The binding's strict=False: an entry not in the core's formats makes the whole call
     return None (lookup) or False (apply) before any table is touched; strict (the default)

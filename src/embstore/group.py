@@ -181,7 +181,8 @@ class TableGroup(Mapping[str, Table]):
         impls: list[_core.Table] = []
         batches: list[tuple[Any, ...]] = []
         states = self._states
-        for name, entry in features.items():
+        for name in names:  # entries by name: a mapping may iterate apart from items()
+            entry = features[name]
             state = states.get(name)
             core = None if state is None else state.core
             if core is not None and type(entry) is tuple and 2 <= len(entry) <= 3:
@@ -215,7 +216,8 @@ class TableGroup(Mapping[str, Table]):
         impls: list[_core.Table] = []
         batches: list[tuple[Any, ...]] = []
         states = self._states
-        for name, entry in grads.items():
+        for name in names:  # by name, as in lookup_entries
+            entry = grads[name]
             state = states.get(name)
             core = None if state is None else state.core
             if (
