@@ -454,11 +454,13 @@ def test_one_entry_to_convert_sends_the_whole_call_through_the_checks(
         )
 
 
+@pytest.mark.parametrize("converted", [False, True])
 def test_entries_go_to_their_own_tables_whatever_order_a_mapping_iterates_in(
-    rng: np.random.Generator,
+    rng: np.random.Generator, converted: bool
 ) -> None:
     """A dict subclass may iterate its names in another order than its values: every entry
-    still reaches its own table (the direct path pairs them by name)."""
+    still reaches its own table, on the direct path and on the one that converts entries
+    first (here offsets given as lists): both pair names and entries by name."""
 
     class Reversed(dict):  # type: ignore[type-arg]
         def __iter__(self) -> Any:
@@ -471,44 +473,16 @@ def test_entries_go_to_their_own_tables_whatever_order_a_mapping_iterates_in(
         n: (k, off, rng.normal(size=(4, CONFIGS[n].dim)).astype(np.float32))
         for n, (k, off) in feats.items()
     }
-    got = group.lookup_sum(Reversed(feats))
+    given_feats: dict[str, Any] = dict(feats)
+    given_grads: dict[str, Any] = dict(grads)
+    if converted:
+        given_feats = {n: (k, off.tolist()) for n, (k, off) in feats.items()}
+        given_grads = {n: (k, off.tolist(), g) for n, (k, off, g) in grads.items()}
+    got = group.lookup_sum(Reversed(given_feats))
     want = canonical_twin.lookup_sum(feats)
     for name in CONFIGS:
         assert_rows_equal(got[name], want[name])
-    group.apply_gradients(Reversed(grads))
-    canonical_twin.apply_gradients(grads)
-    universe = np.arange(200, dtype=np.uint64)
-    for name in CONFIGS:
-        assert len(group[name]) == len(twins[name])
-        assert_rows_equal(
-            group[name].lookup(universe, insert=False), twins[name].lookup(universe, insert=False)
-        )
-
-
-def test_converted_entries_go_to_their_own_tables_whatever_order_a_mapping_iterates_in(
-    rng: np.random.Generator,
-) -> None:
-    """As above, for entries the group converts first (offsets as a list): the conversion
-    path pairs names and entries by name too."""
-
-    class Reversed(dict):  # type: ignore[type-arg]
-        def __iter__(self) -> Any:
-            return iter(reversed(list(super().__iter__())))
-
-    group, twins = _group()
-    canonical_twin = embstore.TableGroup(twins)
-    feats = {name: _batch(rng, name, 4) for name in CONFIGS}
-    listed = {n: (k, off.tolist()) for n, (k, off) in feats.items()}
-    grads = {
-        n: (k, off, rng.normal(size=(4, CONFIGS[n].dim)).astype(np.float32))
-        for n, (k, off) in feats.items()
-    }
-    listed_grads = {n: (k, off.tolist(), g) for n, (k, off, g) in grads.items()}
-    got = group.lookup_sum(Reversed(listed))
-    want = canonical_twin.lookup_sum(feats)
-    for name in CONFIGS:
-        assert_rows_equal(got[name], want[name])
-    group.apply_gradients(Reversed(listed_grads))
+    group.apply_gradients(Reversed(given_grads))
     canonical_twin.apply_gradients(grads)
     universe = np.arange(200, dtype=np.uint64)
     for name in CONFIGS:
