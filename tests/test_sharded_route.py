@@ -183,3 +183,79 @@ def test_add_rows_adds_by_the_bags_it_checked() -> None:
         want[bag] += rows[j]
     _core.add_rows(out, bags, rows)
     np.testing.assert_array_equal(out.view(np.int64), want.view(np.int64))  # [1, 3, 4, 0]
+
+
+def _reference_reduce(num_bags: int, dim: int, parts: list) -> np.ndarray:
+    """The shards' partial sums added in shard order with float32 adds: from the first part
+    when it covers every bag, else from zeros."""
+    if parts and parts[0][0] is None:
+        out, rest = parts[0][1].copy(), parts[1:]
+    else:
+        out, rest = np.zeros((num_bags, dim), np.float32), parts
+    for bags, sums in rest:
+        if bags is None:
+            out = out + sums
+        else:
+            for j, b in enumerate(bags):
+                out[b] = out[b] + sums[j]
+    return out
+
+
+@st.composite
+def _reduce_tables(draw: st.DrawFn) -> list:
+    tables = []
+    for _ in range(draw(st.integers(1, 4))):
+        num_bags, dim = draw(st.integers(0, 40)), draw(st.integers(1, 9))
+        parts = []
+        for _ in range(draw(st.integers(0, 3))):
+            if draw(st.booleans()):
+                bags = None
+                rows = num_bags
+            else:
+                mask = draw(st.lists(st.booleans(), min_size=num_bags, max_size=num_bags))
+                bags = np.flatnonzero(mask).astype(np.int64)
+                rows = bags.shape[0]
+            values = draw(
+                st.lists(st.floats(-1e3, 1e3, width=32), min_size=rows * dim, max_size=rows * dim)
+            )
+            sums = np.array(values, np.float32).reshape(rows, dim)
+            sums.flags.writeable = draw(st.booleans())
+            parts.append((bags, sums))
+        tables.append((num_bags, dim, parts))
+    return tables
+
+
+@settings(max_examples=150, deadline=None)
+@given(_reduce_tables())
+def test_reduce_partials_adds_every_tables_parts_in_shard_order(tables: list) -> None:
+    want = [_reference_reduce(*t) for t in tables]
+    before = [[sums.copy() for _, sums in t[2]] for t in tables]
+    got = _pool.reduce_partials(tables)
+    assert len(got) == len(tables)
+    for (num_bags, dim, parts), out, ref, copies in zip(tables, got, want, before, strict=True):
+        assert out.shape == (num_bags, dim)
+        assert out.dtype == np.float32
+        np.testing.assert_array_equal(out, ref)
+        # A writeable first part over every bag is the accumulator; no other part changes.
+        accumulator = bool(parts) and parts[0][0] is None and parts[0][1].flags.writeable
+        assert (out is parts[0][1]) if accumulator else all(out is not p for _, p in parts)
+        for j, ((_, sums), copy) in enumerate(zip(parts, copies, strict=True)):
+            if not (accumulator and j == 0):
+                np.testing.assert_array_equal(sums, copy)
+
+
+def test_reduce_partials_checks_its_input_before_adding_anything() -> None:
+    out = np.ones((3, 2), np.float32)
+    ok = (3, 2, [(None, out)])
+    cases = [
+        ((3, 2, [(np.array([3], np.int64), np.zeros((1, 2), np.float32))]), ValueError, "bags"),
+        ((3, 2, [(np.array([-1], np.int64), np.zeros((1, 2), np.float32))]), ValueError, "bags"),
+        ((3, 2, [(None, np.zeros((2, 2), np.float32))]), ValueError, "sums"),
+        ((3, 2, [(None, np.zeros((3, 2), np.float64))]), TypeError, "sums"),
+        ((3, 2, [(None, np.zeros((3, 4), np.float32)[:, :2])]), ValueError, "sums"),
+        ((3, 0, []), ValueError, "dim"),
+    ]
+    for bad, error, match in cases:
+        with pytest.raises(error, match=match):
+            _pool.reduce_partials([ok, bad])
+        np.testing.assert_array_equal(out, np.ones((3, 2)))  # the good table was not reduced

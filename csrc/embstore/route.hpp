@@ -82,6 +82,25 @@ RouteCounts count_routes(const RouteRequest& request, uint32_t num_routes, uint6
 void fill_routes(const RouteRequest& request, const uint32_t* route, const RouteCounts& counts,
                  const RouteOutput& out);
 
+// count_routes + fill_routes in one pass for two routes: the same RouteCounts and outputs,
+// into outputs sized for the most a request can need: n keys (order, weights, coef alike),
+// 2 * num_bags bags and 2 * num_bags + 2 offsets, of which the counts say how many are used.
+RouteCounts split_two_routes(const RouteRequest& request, uint64_t salt, const RouteOutput& out);
+
+// Whether to split `requests` with split_two_routes: two routes, and bags of at least
+// kOnePassIdsPerBag ids on average. With one id a bag the sparse split's second pass over
+// every bag's offsets costs more than the count pass it saves (W1 L=1: 0.17 -> 0.22 ms a
+// batch; L=8: 0.36-0.49 -> 0.25-0.28 ms).
+constexpr size_t kOnePassIdsPerBag = 2;
+bool split_in_one_pass(const std::vector<RouteRequest>& requests, uint32_t num_routes);
+
+// split_two_routes of every request, one task per request on up to `workers` threads of the
+// global pool.
+std::vector<RouteCounts> split_two_routes_many(const std::vector<RouteRequest>& requests,
+                                               uint64_t salt,
+                                               const std::vector<RouteOutput>& outputs,
+                                               size_t workers);
+
 // Below this many ids in all, a batch is routed on the calling thread alone (handing
 // tasks to helper threads costs more than it saves).
 constexpr size_t kParallelRouteIds = 32768;
@@ -107,6 +126,35 @@ void fill_routes_many(const std::vector<RouteRequest>& requests, const uint32_t*
 // partial pooled sums into the whole batch's. Bags must be < the rows of `out`.
 void add_rows(float* out, size_t dim, const int64_t* bags, size_t count,
               const float* rows) noexcept;
+
+// One route's partial pooled sums of a table: rows of `sums` for every bag of the batch in
+// order (`every_bag`), or for the `count` bags in `bags`.
+struct PartialSums {
+  bool every_bag = false;
+  const int64_t* bags = nullptr;
+  size_t count = 0;
+  const float* sums = nullptr;
+};
+
+// A table's pooled sums from its routes' parts: out = parts[0] + parts[1] + ... per bag, in
+// route order. When parts[0] covers every bag, out starts as its values (out may be
+// parts[0].sums itself: it is then added into in place); otherwise out starts as zeros.
+struct ReduceRequest {
+  float* out = nullptr;  // [num_bags, dim]
+  size_t num_bags = 0;
+  size_t dim = 0;
+  std::vector<PartialSums> parts;
+};
+
+// Every request's reduce, one task per request on up to `workers` threads of the global pool.
+// Bags must be < num_bags; out must not overlap any part but parts[0] (when that is out).
+void reduce_partials_many(const std::vector<ReduceRequest>& requests, size_t workers);
+
+// The threads to reduce `requests` on: one per request up to the machine's threads, or 1
+// when they hold fewer than kParallelReduceFloats floats of output in all (makes sure the
+// global pool has the helpers).
+constexpr size_t kParallelReduceFloats = 65536;
+size_t reduce_workers(const std::vector<ReduceRequest>& requests);
 
 // out[j] = rows[bags[j]] for j in [0, count): gathers the bag gradients of one route's bags.
 // Bags must be < the rows of `rows`.

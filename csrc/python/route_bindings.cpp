@@ -92,59 +92,95 @@ std::vector<embstore::RouteRequest> requests_of(const py::list& batches,
   return requests;
 }
 
+// One request's split arrays from the output pool: order, keys (weights, coef) of
+// `num_keys`, bags and offsets of the sizes given; `out` points into them.
+struct SplitArrays {
+  py::array_t<int64_t> order, bags, offsets;
+  py::array_t<uint64_t> keys;
+  py::object weights = py::none(), coef = py::none();
+  embstore::RouteOutput out{};
+};
+
+SplitArrays split_arrays(size_t num_keys, size_t num_bags, size_t num_offsets, bool weighted,
+                         bool mean) {
+  SplitArrays a;
+  a.order = pooled_array<int64_t>(num_keys);
+  a.keys = pooled_array<uint64_t>(num_keys);
+  a.bags = pooled_array<int64_t>(num_bags);
+  a.offsets = pooled_array<int64_t>(num_offsets);
+  a.out = {a.order.mutable_data(), a.keys.mutable_data(),   nullptr, nullptr,
+           a.bags.mutable_data(),  a.offsets.mutable_data()};
+  if (weighted) {
+    auto w = pooled_array<float>(num_keys);
+    a.out.weights = w.mutable_data();
+    a.weights = std::move(w);
+  }
+  if (mean) {
+    auto cf = pooled_array<float>(num_keys);
+    a.out.coef = cf.mutable_data();
+    a.coef = std::move(cf);
+  }
+  return a;
+}
+
+// The plan tuple of a split (see route_batches); bags and offsets cut to what it used.
+py::tuple plan_of(const SplitArrays& a, const embstore::RouteCounts& c) {
+  const auto head = [](const py::array& v, size_t n) {
+    return v.attr("__getitem__")(py::slice(0, static_cast<py::ssize_t>(n), 1));
+  };
+  return py::make_tuple(a.order, a.keys, a.weights, a.coef, copy_of(c.key_start),
+                        head(a.bags, c.num_bags()), copy_of(c.bag_start),
+                        head(a.offsets, c.num_offsets()));
+}
+
 // Validates every batch as a group call would (the first error, in order), then splits each
 // by route. Returns per batch (order, keys, weights | None, coef | None, key_start, bags,
 // bag_start, offsets): see embstore::RoutePlan. The list holds the arrays alive meanwhile.
+// Two routes with bags of several ids take one pass into outputs of the largest size
+// (split_two_routes); others count first, then scatter into outputs of the exact size.
 py::object route_batches(const py::list& batches, const std::vector<std::string>& labels,
                          uint32_t num_routes, uint64_t salt, bool mean, bool split) {
   if (num_routes == 0) throw py::value_error("num_routes must be positive");
   const py::list held = batches;  // a reference: its tuples outlive the released GIL
   const std::vector<embstore::RouteRequest> requests = requests_of(held, labels);
   const size_t R = requests.size();
+  const bool one_pass = split && embstore::split_in_one_pass(requests, num_routes);
+  const auto weighted = [&](size_t k) { return !held[k].cast<py::tuple>()[2].is_none(); };
+  std::vector<SplitArrays> arrays;
+  std::vector<embstore::RouteOutput> outputs;
+  for (size_t k = 0; one_pass && k < R; ++k) {
+    const size_t nb = requests[k].num_bags;
+    arrays.push_back(split_arrays(requests[k].n, 2 * nb, 2 * nb + 2, weighted(k), mean));
+    outputs.push_back(arrays.back().out);
+  }
   const size_t total = embstore::route_starts(requests).back();
   thread_local std::vector<uint32_t> route;  // reused: no page faults per batch
-  if (split && route.size() < total) route.resize(total);
+  if (split && !one_pass && route.size() < total) route.resize(total);
   std::vector<embstore::RouteCounts> counts;
   size_t workers = 1;
   {
     py::gil_scoped_release release;
     embstore::validate_route_requests(requests);
-    if (split) {
-      workers = embstore::route_workers(requests);
+    if (split) workers = embstore::route_workers(requests);
+    if (one_pass) {
+      counts = embstore::split_two_routes_many(requests, salt, outputs, workers);
+    } else if (split) {
       counts = embstore::count_routes_many(requests, num_routes, salt, route.data(), workers);
     }
   }
   if (!split) return py::none();
-  py::list out;
-  std::vector<embstore::RouteOutput> outputs(R);
-  for (size_t k = 0; k < R; ++k) {
-    const embstore::RouteCounts& c = counts[k];
-    const bool weighted = !held[k].cast<py::tuple>()[2].is_none();
-    auto order = pooled_array<int64_t>(c.num_keys());
-    auto keys = pooled_array<uint64_t>(c.num_keys());
-    auto bags = pooled_array<int64_t>(c.num_bags());
-    auto offsets = pooled_array<int64_t>(c.num_offsets());
-    py::object weights = py::none(), coef = py::none();
-    embstore::RouteOutput& o = outputs[k];
-    o = {order.mutable_data(), keys.mutable_data(),   nullptr, nullptr,
-         bags.mutable_data(),  offsets.mutable_data()};
-    if (weighted) {
-      auto w = pooled_array<float>(c.num_keys());
-      o.weights = w.mutable_data();
-      weights = std::move(w);
+  if (!one_pass) {
+    for (size_t k = 0; k < R; ++k) {
+      const embstore::RouteCounts& c = counts[k];
+      arrays.push_back(
+          split_arrays(c.num_keys(), c.num_bags(), c.num_offsets(), weighted(k), mean));
+      outputs.push_back(arrays.back().out);
     }
-    if (mean) {
-      auto cf = pooled_array<float>(c.num_keys());
-      o.coef = cf.mutable_data();
-      coef = std::move(cf);
-    }
-    out.append(py::make_tuple(order, keys, weights, coef, copy_of(c.key_start), bags,
-                              copy_of(c.bag_start), offsets));
-  }
-  {
     py::gil_scoped_release release;
     embstore::fill_routes_many(requests, route.data(), counts, outputs, workers);
   }
+  py::list out;
+  for (size_t k = 0; k < R; ++k) out.append(plan_of(arrays[k], counts[k]));
   return std::move(out);
 }
 
@@ -188,6 +224,61 @@ py::array_t<float> gather_rows_of(const py::array& rows, const py::array& bags) 
   return out;
 }
 
+// Each table's pooled sums from its routes' partial sums: `tables` holds (num_bags, dim,
+// parts) per table, a part being (bags int64 [count] | None for every bag, sums float32
+// [count or num_bags, dim]). A first part that covers every bag and is writeable is added
+// into in place and returned; other outputs come from the output pool. The parts are held
+// and the bags copied as checked, so other threads cannot change them once the GIL is gone.
+py::list reduce_partials_of(const py::list& tables) {
+  std::vector<embstore::ReduceRequest> requests(tables.size());
+  std::vector<std::vector<int64_t>> bags;  // the checked copies the requests point into
+  std::vector<py::object> held;            // every sums array, alive until the end
+  py::list outs;
+  for (size_t k = 0; k < requests.size(); ++k) {
+    const auto t = tables[k].cast<py::tuple>();
+    if (t.size() != 3) throw py::value_error("reduce: each table is (num_bags, dim, parts)");
+    embstore::ReduceRequest& r = requests[k];
+    const auto num_bags = t[0].cast<py::ssize_t>(), dim = t[1].cast<py::ssize_t>();
+    if (num_bags < 0 || dim < 1) throw py::value_error("reduce: bad num_bags or dim");
+    r.num_bags = static_cast<size_t>(num_bags);
+    r.dim = static_cast<size_t>(dim);
+    const size_t first = held.size();  // this table's first part in `held`
+    for (const py::handle part : t[2].cast<py::list>()) {
+      const auto p = part.cast<py::tuple>();
+      if (p.size() != 2) throw py::value_error("reduce: each part is (bags, sums)");
+      embstore::PartialSums ps;
+      py::ssize_t rows = num_bags;
+      ps.every_bag = p[0].is_none();
+      if (!ps.every_bag) {
+        bags.push_back(checked_bags(p[0].cast<py::array>(), num_bags));
+        ps.bags = bags.back().data();
+        ps.count = bags.back().size();
+        rows = static_cast<py::ssize_t>(ps.count);
+      }
+      ps.sums = array_data<float>(p[1], "sums", 2, rows, dim);
+      held.push_back(py::reinterpret_borrow<py::object>(p[1]));
+      r.parts.push_back(ps);
+    }
+    bool in_place = !r.parts.empty() && r.parts[0].every_bag &&
+                    py::reinterpret_borrow<py::array>(held[first]).writeable();
+    for (size_t p = 1; in_place && p < r.parts.size(); ++p) {
+      in_place = r.parts[p].sums != r.parts[0].sums;  // never add a part into itself
+    }
+    if (in_place) {
+      r.out = const_cast<float*>(r.parts[0].sums);
+      outs.append(held[first]);
+    } else {
+      py::array_t<float> out = embstore_py::new_rows(num_bags, dim);
+      r.out = out.mutable_data();
+      outs.append(std::move(out));
+    }
+  }
+  // (a vector of `bags` keeps its buffer when the outer vector grows: the pointers hold)
+  py::gil_scoped_release release;
+  embstore::reduce_partials_many(requests, embstore::reduce_workers(requests));
+  return outs;
+}
+
 py::array_t<uint32_t> route_ids_of(const py::array& keys, uint32_t num_routes, uint64_t salt) {
   if (num_routes == 0) throw py::value_error("num_routes must be positive");
   const uint64_t* k = array_data<uint64_t>(keys, "keys", 1, -1, -1);
@@ -208,12 +299,13 @@ namespace embstore_py {
 void bind_route(py::module_& m) {
   m.attr("ROUTE_SALT") = py::int_(embstore::kRouteSalt);
 
-  // route_batches, add_rows, gather_rows, route_ids: see the functions above.
+  // route_batches, add_rows, gather_rows, reduce_partials, route_ids: see the functions above.
   m.def("route_batches", &route_batches, py::arg("batches"), py::arg("labels"),
         py::arg("num_routes"), py::arg("salt"), py::arg("mean"), py::arg("split") = true);
 
   m.def("add_rows", &add_rows_into, py::arg("out"), py::arg("bags"), py::arg("rows"));
   m.def("gather_rows", &gather_rows_of, py::arg("rows"), py::arg("bags"));
+  m.def("reduce_partials", &reduce_partials_of, py::arg("tables"));
 
   m.def("route_ids", &route_ids_of, py::arg("keys"), py::arg("num_routes"), py::arg("salt"));
 }

@@ -254,6 +254,11 @@ def add_rows(
 def gather_rows(
     rows: npt.NDArray[np.float32], bags: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.float32]: ...
+def reduce_partials(
+    tables: list[
+        tuple[int, int, list[tuple[npt.NDArray[np.int64] | None, npt.NDArray[np.float32]]]]
+    ],
+) -> list[npt.NDArray[np.float32]]: ...
 def route_ids(
     keys: npt.NDArray[np.uint64], num_routes: int, salt: int
 ) -> npt.NDArray[np.uint32]: ...

@@ -1,8 +1,10 @@
 // File: tests/cpp/test_route.cpp
 //
 // The route kernel (embstore/route.hpp): route_of against the 128-bit product it stands for,
-// and count_routes + fill_routes against a direct per-route reconstruction of random
-// batches (with duplicates, empty bags, weights and mean coefficients).
+// count_routes + fill_routes (and split_two_routes) against a direct per-route reconstruction of
+// random batches (with duplicates, empty bags, weights and mean coefficients); the reduce of the
+// routes' partial sums against a part-by-part sum.
+#include <algorithm>  // std::equal
 #include <cstdint>   // uint64_t, int64_t
 #include <cstdio>    // std::printf, std::fprintf
 #include <random>    // std::mt19937_64
@@ -39,7 +41,7 @@ void route_of_is_the_high_word_of_the_product() {
 
 void split_matches_a_direct_reconstruction() {
   std::mt19937_64 rng(2);
-  int dense_trials = 0, sparse_trials = 0;
+  int dense_trials = 0, sparse_trials = 0, dense_one_pass = 0, sparse_one_pass = 0;
   for (int t = 0; t < 300; ++t) {
     // Odd trials: bags of ~8 ids over 2 routes, mostly dense.
     const size_t bags = 1 + rng() % 12, n = t % 2 == 1 ? 8 * bags : rng() % 80;
@@ -110,8 +112,21 @@ void split_matches_a_direct_reconstruction() {
         }
       }
     }
+    if (R == 2) {  // the one-pass split: the same counts and arrays
+      std::vector<int64_t> order2(n), bags2(2 * bags), off2(2 * bags + 2);
+      embstore_test::Ids keys2(n);
+      embstore_test::Floats w2(n), coef2(n);
+      const embstore::RouteCounts c2 = embstore::split_two_routes(
+          r, 7, {order2.data(), keys2.data(), w2.data(), coef2.data(), bags2.data(), off2.data()});
+      CHECK(c2.dense == c.dense && c2.key_start == c.key_start && c2.bag_start == c.bag_start);
+      CHECK(order2 == order && keys2 == out_keys && w2 == out_w && coef2 == coef);
+      CHECK(std::equal(sub_bags.begin(), sub_bags.end(), bags2.begin()));
+      CHECK(std::equal(sub_off.begin(), sub_off.end(), off2.begin()));
+      ++(c.dense ? dense_one_pass : sparse_one_pass);
+    }
   }
   CHECK(dense_trials > 20 && sparse_trials > 20);  // both layouts exercised
+  CHECK(dense_one_pass > 20 && sparse_one_pass > 10);
 }
 
 void many_requests_on_the_pool_match_one_by_one() {
@@ -181,6 +196,63 @@ void validation_raises_the_batch_calls_errors() {
   CHECK(thrown);
 }
 
+// reduce_partials_many against sums added one part at a time, in order: parts over every
+// bag or over random subsets (empty ones included), a first part that is the output itself,
+// and enough requests to run on the pool.
+void reduce_matches_parts_added_in_order() {
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> value(-4.0f, 4.0f);
+  for (int round = 0; round < 50; ++round) {
+    const size_t R = 1 + rng() % 6;
+    std::vector<embstore::ReduceRequest> requests(R);
+    std::vector<std::vector<float>> outs(R), want(R);
+    std::vector<std::vector<std::vector<float>>> sums(R);
+    std::vector<std::vector<std::vector<int64_t>>> bags(R);
+    for (size_t k = 0; k < R; ++k) {
+      embstore::ReduceRequest& r = requests[k];
+      r.num_bags = rng() % 300;
+      r.dim = 1 + rng() % 40;
+      const size_t P = rng() % 4, floats = r.num_bags * r.dim;
+      sums[k].resize(P);
+      bags[k].resize(P);
+      want[k].assign(floats, 0.0f);
+      const bool in_place = P > 0 && rng() % 2 == 0;
+      for (size_t p = 0; p < P; ++p) {
+        embstore::PartialSums part;
+        part.every_bag = (p == 0 && in_place) || rng() % 2 == 0;
+        if (!part.every_bag) {
+          for (size_t b = 0; b < r.num_bags; ++b) {
+            if (rng() % 3 == 0) bags[k][p].push_back(static_cast<int64_t>(b));
+          }
+        }
+        const size_t rows = part.every_bag ? r.num_bags : bags[k][p].size();
+        for (size_t j = 0; j < rows * r.dim; ++j) sums[k][p].push_back(value(rng));
+        for (size_t j = 0; j < rows; ++j) {
+          const size_t b = part.every_bag ? j : static_cast<size_t>(bags[k][p][j]);
+          for (size_t d = 0; d < r.dim; ++d) {
+            float& w = want[k][b * r.dim + d];
+            w = p == 0 && part.every_bag ? sums[k][p][j * r.dim + d]
+                                         : w + sums[k][p][j * r.dim + d];
+          }
+        }
+        part.bags = bags[k][p].data();
+        part.count = bags[k][p].size();
+        part.sums = sums[k][p].data();
+        r.parts.push_back(part);
+      }
+      outs[k].assign(floats, 7.0f);  // the reduce writes every value
+      r.out = in_place ? sums[k][0].data() : outs[k].data();
+    }
+    embstore::reduce_partials_many(requests, embstore::reduce_workers(requests));
+    for (size_t k = 0; k < R; ++k) {
+      const float* got = requests[k].out;
+      bool same = true;
+      for (size_t j = 0; j < want[k].size(); ++j) same = same && got[j] == want[k][j];
+      CHECK(same);
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -188,6 +260,7 @@ int main() {
   split_matches_a_direct_reconstruction();
   many_requests_on_the_pool_match_one_by_one();
   validation_raises_the_batch_calls_errors();
+  reduce_matches_parts_added_in_order();
   if (failures != 0) {
     std::fprintf(stderr, "test_route: %d checks failed\n", failures);
     return 1;

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _core
+from embstore import _core
 from embstore._sharded import SALT
 
-__all__ = ["Plan", "pool_in_order", "reduce_partials", "route", "shard_grads"]
+__all__ = ["Plan", "parts_of", "pool_in_order", "reduce_partials", "route", "shard_grads"]
 
 F32 = npt.NDArray[np.float32]
 
@@ -70,31 +70,27 @@ def shard_grads(grads: dict[str, F32], plans: dict[str, Plan], shard: int) -> di
     return out
 
 
-def reduce_partials(num_bags: int, dim: int, parts: Sequence[tuple[Any, F32]]) -> F32:
-    """The pooled sums of every bag: the shards' partial sums (bags, sums) added up, in
-    shard order. A part that covers every bag (its bags are then 0..num_bags-1, the usual
-    case at L=8) is added whole: the first one is the accumulator when it is writeable, or
-    added with the next one in one pass; others are scattered (in C++: numpy's scatter-add
-    took ~1.4 ms of a W1 L=8 step)."""
-    sums = [(bags, np.ascontiguousarray(s, dtype=np.float32)) for bags, s in parts if bags.shape[0]]
-    if not sums or sums[0][0].shape[0] != num_bags:
-        out = _arrays.new_rows(num_bags, dim)  # pooled memory: no page faults per step
-        out.fill(0.0)
-    elif sums[0][1].flags.writeable:  # a local shard's own output: add into it
-        out = sums.pop(0)[1]
-    else:
-        out = _arrays.new_rows(num_bags, dim)
-        first = sums.pop(0)[1]
-        if sums and sums[0][0].shape[0] == num_bags:
-            np.add(first, sums.pop(0)[1], out=out)
-        else:
-            np.copyto(out, first)
-    for bags, part in sums:
-        if bags.shape[0] == num_bags:
-            np.add(out, part, out=out)
-        else:
-            _core.add_rows(out, bags, part)
-    return out
+def parts_of(
+    plan: Plan, name: str, num_bags: int, answers: Sequence[tuple[Any, Any]]
+) -> list[tuple[Any, F32]]:
+    """Table ``name``'s partial sums in the shards' ``answers`` (per shard: (outputs by
+    table, time)) for a batch of ``num_bags`` bags, as :func:`reduce_partials` takes them:
+    (bags, sums) per shard that holds any bag, bags None when it holds every bag (its bags
+    are then 0..num_bags-1)."""
+    parts = []
+    for shard, (outs, _) in enumerate(answers):
+        b0, b1 = int(plan.bag_start[shard]), int(plan.bag_start[shard + 1])
+        if b1 > b0:
+            parts.append((None if b1 - b0 == num_bags else plan.bags[b0:b1], outs[name]))
+    return parts
+
+
+def reduce_partials(tables: Sequence[tuple[int, int, list[tuple[Any, F32]]]]) -> list[F32]:
+    """Every table's pooled sums, (num_bags, dim, parts) each: its shards' partial sums
+    added up in shard order, in one C++ call over the tables with the GIL released. A part
+    that covers every bag is added whole; the first such part is the accumulator when it is
+    writeable (a local shard's own output: no copy), others are scattered by their bags."""
+    return list(_core.reduce_partials(list(tables)))
 
 
 def divide_by_counts(out: F32, offsets: npt.NDArray[np.int64]) -> None:

@@ -280,10 +280,9 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         futures = list(enumerate(self._backend.submit_all("lookup", calls)))
         answers = self._results(futures, "no")
         t2 = time.perf_counter_ns()
-        outs: dict[str, npt.NDArray[np.float32]] = {}
-        for name, plan, c in zip(names, plans, checked, strict=True):
-            outs[name] = self._reduce(name, plan, c, answers, code == 1, exact)
-            if insert:
+        outs = self._reduce(names, plans, checked, answers, code == 1, exact)
+        if insert:
+            for name, plan, c in zip(names, plans, checked, strict=True):
                 self._forwards[name] = _Forward(token, c, code, plan)
         layers = self._layers
         layers.record("client.route", t1 - t0)
@@ -295,29 +294,36 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
 
     def _reduce(
         self,
-        name: str,
-        plan: _pool.Plan,
-        c: tuple[Any, ...],
+        names: list[str],
+        plans: list[_pool.Plan],
+        checked: list[tuple[Any, ...]],
         answers: list[Any],
         mean: bool,
         exact: bool,
-    ) -> npt.NDArray[np.float32]:
-        offsets = c[1]
-        dim = self._dims[name]
+    ) -> dict[str, npt.NDArray[np.float32]]:
+        """Each table's pooled result from the shards' answers: rows pooled in order
+        (``exact``), else the partial sums of every table added in one C++ call."""
         if exact:
-            rows = np.empty((c[0].shape[0], dim), dtype=np.float32)
-            for shard, (outs, _) in enumerate(answers):
-                k0, k1 = int(plan.key_start[shard]), int(plan.key_start[shard + 1])
-                rows[plan.order[k0:k1]] = outs[name]
-            return _pool.pool_in_order(rows, offsets, c[2] if len(c) == 3 else None, mean)
-        parts = []
-        for shard, (outs, _) in enumerate(answers):
-            b0, b1 = int(plan.bag_start[shard]), int(plan.bag_start[shard + 1])
-            parts.append((plan.bags[b0:b1], outs[name]))
-        out = _pool.reduce_partials(offsets.shape[0] - 1, dim, parts)
+            outs = {}
+            for name, plan, c in zip(names, plans, checked, strict=True):
+                rows = np.empty((c[0].shape[0], self._dims[name]), dtype=np.float32)
+                for shard, (parts, _) in enumerate(answers):
+                    k0, k1 = int(plan.key_start[shard]), int(plan.key_start[shard + 1])
+                    rows[plan.order[k0:k1]] = parts[name]
+                weights = c[2] if len(c) == 3 else None
+                outs[name] = _pool.pool_in_order(rows, c[1], weights, mean)
+            return outs
+        tables = []
+        for name, plan, c in zip(names, plans, checked, strict=True):
+            num_bags = c[1].shape[0] - 1
+            tables.append(
+                (num_bags, self._dims[name], _pool.parts_of(plan, name, num_bags, answers))
+            )
+        sums = _pool.reduce_partials(tables)
         if mean:
-            _pool.divide_by_counts(out, offsets)
-        return out
+            for out, c in zip(sums, checked, strict=True):
+                _pool.divide_by_counts(out, c[1])
+        return dict(zip(names, sums, strict=True))
 
     def apply_gradients(
         self, grads: Mapping[str, tuple[Any, ...]], *, mode: str = "sum", wait: bool = True
