@@ -131,6 +131,9 @@ void fill_routes(const RouteRequest& r, const uint32_t* route, const RouteCounts
 
 namespace {
 
+// split_two_routes keeps its per-thread scratch between calls up to this many ids.
+constexpr size_t kKeepScratchIds = size_t{1} << 20;
+
 // Route r's sub-bags, stored for every bag at offsets[at..at + num_bags] (offset of bag b's
 // first id, then the route's id count), made sparse: only the bags the route touches, their
 // indices into bags[bag_at...], their offsets moved down to offsets[to...]. Moving down
@@ -159,10 +162,13 @@ RouteCounts split_two_routes(const RouteRequest& r, uint64_t salt, const RouteOu
   thread_local std::vector<uint64_t> keys1;
   thread_local std::vector<int64_t> order1;
   thread_local std::vector<float> weights1, coef1;
-  keys1.resize(r.n);
-  order1.resize(r.n);
-  if (out.weights != nullptr) weights1.resize(r.n);
-  if (out.coef != nullptr) coef1.resize(r.n);
+  const auto grow = [n = r.n](auto& v) {  // never shrink: no zeroing of a regrown tail
+    if (v.size() < n) v.resize(n);
+  };
+  grow(keys1);
+  grow(order1);
+  if (out.weights != nullptr) grow(weights1);
+  if (out.coef != nullptr) grow(coef1);
   int64_t* off0 = out.offsets;
   int64_t* off1 = out.offsets + nb + 1;
   int64_t at0 = 0, at1 = 0, bags0 = 0, bags1 = 0;
@@ -194,6 +200,12 @@ RouteCounts split_two_routes(const RouteRequest& r, uint64_t salt, const RouteOu
   std::memcpy(out.order + at0, order1.data(), n1 * sizeof(int64_t));
   if (out.weights != nullptr) std::memcpy(out.weights + at0, weights1.data(), n1 * sizeof(float));
   if (out.coef != nullptr) std::memcpy(out.coef + at0, coef1.data(), n1 * sizeof(float));
+  if (keys1.capacity() > kKeepScratchIds) {  // a huge batch's scratch is not kept for good
+    keys1 = {};
+    order1 = {};
+    weights1 = {};
+    coef1 = {};
+  }
   RouteCounts c;
   c.dense = nb > 0 && static_cast<size_t>(bags0) * kDenseDenominator >= nb * kDenseNumerator &&
             static_cast<size_t>(bags1) * kDenseDenominator >= nb * kDenseNumerator;

@@ -89,8 +89,8 @@ RouteCounts split_two_routes(const RouteRequest& request, uint64_t salt, const R
 
 // Whether to split `requests` with split_two_routes: two routes, and bags of at least
 // kOnePassIdsPerBag ids on average. With one id a bag the sparse split's second pass over
-// every bag's offsets costs more than the count pass it saves (W1 L=1: 0.17 -> 0.22 ms a
-// batch; L=8: 0.36-0.49 -> 0.25-0.28 ms).
+// every bag's offsets costs more than the count pass it saves (docs/tuning.md, "Route
+// kernel: two routes in one pass").
 constexpr size_t kOnePassIdsPerBag = 2;
 bool split_in_one_pass(const std::vector<RouteRequest>& requests, uint32_t num_routes);
 
@@ -147,12 +147,14 @@ struct ReduceRequest {
 };
 
 // Every request's reduce, one task per request on up to `workers` threads of the global pool.
-// Bags must be < num_bags; out must not overlap any part but parts[0] (when that is out).
+// Bags must be < num_bags; an out must overlap no part of any request, except that it may
+// be its own parts[0].sums exactly.
 void reduce_partials_many(const std::vector<ReduceRequest>& requests, size_t workers);
 
 // The threads to reduce `requests` on: one per request up to the machine's threads, or 1
 // when they hold fewer than kParallelReduceFloats floats of output in all (makes sure the
-// global pool has the helpers).
+// global pool has the helpers). The bound is of kParallelRouteIds' kind: handing a task over
+// costs ~10 us, about what adding 256 KiB of partial sums takes.
 constexpr size_t kParallelReduceFloats = 65536;
 size_t reduce_workers(const std::vector<ReduceRequest>& requests);
 

@@ -2,8 +2,9 @@
 //
 // Binding of the id routing (embstore/route.hpp) for embstore.ray: the arrays are checked
 // and their pointers taken with the GIL held; then, with the GIL released, every table of a
-// batch is validated and its ids routed (pass 1), the outputs are allocated from the output
-// pool (GIL held), and the batch is scattered into them (pass 2, GIL released).
+// batch is validated and split by route (in one pass into outputs allocated first for two
+// routes, else counted, then scattered into outputs allocated in between); and the shards'
+// partial sums of every table are added up in one call (reduce_partials).
 #include <pybind11/numpy.h>     // py::array, py::array_t
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>       // std::vector, std::string conversions
@@ -11,11 +12,11 @@
 #include <algorithm>  // std::copy, std::max
 #include <cstdint>    // uint64_t, int64_t
 #include <string>   // std::string
-#include <utility>  // std::move
+#include <utility>  // std::move, std::pair
 #include <vector>   // std::vector
 
 #include "embstore/buffer_pool.hpp"  // BufferPool
-#include "embstore/route.hpp"        // RouteRequest, count_routes, fill_routes
+#include "embstore/route.hpp"        // RouteRequest, split_two_routes, reduce_partials_many
 
 #include "python/arrays.hpp"    // new_rows
 #include "python/bindings.hpp"  // bind_* declarations
@@ -224,16 +225,29 @@ py::array_t<float> gather_rows_of(const py::array& rows, const py::array& bags) 
   return out;
 }
 
+// Whether bytes [begin, end) meet any of `ranges` but the one at `self`.
+bool overlaps_another(const std::vector<std::pair<const char*, const char*>>& ranges, size_t self) {
+  for (size_t j = 0; j < ranges.size(); ++j) {
+    if (j != self && ranges[j].first < ranges[self].second &&
+        ranges[self].first < ranges[j].second) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Each table's pooled sums from its routes' partial sums: `tables` holds (num_bags, dim,
 // parts) per table, a part being (bags int64 [count] | None for every bag, sums float32
-// [count or num_bags, dim]). A first part that covers every bag and is writeable is added
-// into in place and returned; other outputs come from the output pool. The parts are held
-// and the bags copied as checked, so other threads cannot change them once the GIL is gone.
+// [count or num_bags, dim], C-contiguous). Parts with no bag are skipped. A first part that
+// covers every bag, is writeable and shares no memory with any other part is added into in
+// place and returned; other outputs come from the output pool. The parts are held and the
+// bags copied as checked, so other threads cannot change them once the GIL is gone.
 py::list reduce_partials_of(const py::list& tables) {
   std::vector<embstore::ReduceRequest> requests(tables.size());
   std::vector<std::vector<int64_t>> bags;  // the checked copies the requests point into
-  std::vector<py::object> held;            // every sums array, alive until the end
-  py::list outs;
+  std::vector<py::array> held;             // every sums array, alive until the end
+  std::vector<size_t> first(requests.size());  // each table's first part in `held`
+  std::vector<std::pair<const char*, const char*>> ranges;  // each held part's bytes
   for (size_t k = 0; k < requests.size(); ++k) {
     const auto t = tables[k].cast<py::tuple>();
     if (t.size() != 3) throw py::value_error("reduce: each table is (num_bags, dim, parts)");
@@ -242,7 +256,7 @@ py::list reduce_partials_of(const py::list& tables) {
     if (num_bags < 0 || dim < 1) throw py::value_error("reduce: bad num_bags or dim");
     r.num_bags = static_cast<size_t>(num_bags);
     r.dim = static_cast<size_t>(dim);
-    const size_t first = held.size();  // this table's first part in `held`
+    first[k] = held.size();
     for (const py::handle part : t[2].cast<py::list>()) {
       const auto p = part.cast<py::tuple>();
       if (p.size() != 2) throw py::value_error("reduce: each part is (bags, sums)");
@@ -256,26 +270,32 @@ py::list reduce_partials_of(const py::list& tables) {
         rows = static_cast<py::ssize_t>(ps.count);
       }
       ps.sums = array_data<float>(p[1], "sums", 2, rows, dim);
-      held.push_back(py::reinterpret_borrow<py::object>(p[1]));
+      if (!ps.every_bag && ps.count == 0) continue;  // adds nothing
+      held.push_back(py::reinterpret_borrow<py::array>(p[1]));
+      const auto* bytes = reinterpret_cast<const char*>(ps.sums);
+      ranges.emplace_back(bytes, bytes + held.back().nbytes());
       r.parts.push_back(ps);
     }
-    bool in_place = !r.parts.empty() && r.parts[0].every_bag &&
-                    py::reinterpret_borrow<py::array>(held[first]).writeable();
-    for (size_t p = 1; in_place && p < r.parts.size(); ++p) {
-      in_place = r.parts[p].sums != r.parts[0].sums;  // never add a part into itself
-    }
+  }
+  py::list outs;
+  for (size_t k = 0; k < requests.size(); ++k) {
+    embstore::ReduceRequest& r = requests[k];
+    const bool in_place = !r.parts.empty() && r.parts[0].every_bag && held[first[k]].writeable() &&
+                          !overlaps_another(ranges, first[k]);
     if (in_place) {
       r.out = const_cast<float*>(r.parts[0].sums);
-      outs.append(held[first]);
+      outs.append(held[first[k]]);
     } else {
-      py::array_t<float> out = embstore_py::new_rows(num_bags, dim);
+      py::array_t<float> out = embstore_py::new_rows(static_cast<py::ssize_t>(r.num_bags),
+                                                     static_cast<py::ssize_t>(r.dim));
       r.out = out.mutable_data();
       outs.append(std::move(out));
     }
   }
-  // (a vector of `bags` keeps its buffer when the outer vector grows: the pointers hold)
-  py::gil_scoped_release release;
-  embstore::reduce_partials_many(requests, embstore::reduce_workers(requests));
+  {  // (a vector of `bags` keeps its buffer when the outer vector grows: the pointers hold)
+    py::gil_scoped_release release;
+    embstore::reduce_partials_many(requests, embstore::reduce_workers(requests));
+  }
   return outs;
 }
 

@@ -13,7 +13,8 @@
 #include <vector>    // std::vector
 
 #include "embstore/hash.hpp"   // splitmix64
-#include "embstore/route.hpp"  // route_of, count_routes, fill_routes
+#include "embstore/route.hpp"        // route_of, count_routes, fill_routes
+#include "embstore/thread_pool.hpp"  // ThreadPool
 #include "test_util.hpp"       // random_offsets
 
 namespace {
@@ -196,9 +197,68 @@ void validation_raises_the_batch_calls_errors() {
   CHECK(thrown);
 }
 
+// split_two_routes_many on two threads (each with its own scratch) against
+// split_two_routes one request at a time.
+void two_routes_on_the_pool_match_one_by_one() {
+  std::mt19937_64 rng(4);
+  const size_t R = 9;
+  std::vector<embstore_test::Ids> keys(R);
+  std::vector<embstore_test::Offsets> offs(R);
+  std::vector<embstore::RouteRequest> requests(R);
+  for (size_t k = 0; k < R; ++k) {
+    // Every third request has bags of 8 ids (a dense split), the others random bags.
+    const size_t bags = 1 + rng() % 600, n = k % 3 == 0 ? 8 * bags : rng() % 3000;
+    keys[k].resize(n);
+    for (uint64_t& x : keys[k]) x = rng() % 3000;
+    if (k % 3 == 0) {
+      offs[k].resize(bags + 1);
+      for (size_t b = 0; b <= bags; ++b) offs[k][b] = static_cast<int64_t>(8 * b);
+    } else {
+      offs[k] = embstore_test::random_offsets(rng, n, bags);
+    }
+    requests[k].keys = keys[k].data();
+    requests[k].n = n;
+    requests[k].offsets = offs[k].data();
+    requests[k].num_bags = bags;
+  }
+  // Outputs at their largest size, filled with a marker: both runs must write the same.
+  const auto outputs_for = [&](std::vector<std::vector<int64_t>>& ints,
+                               std::vector<embstore_test::Ids>& ks) {
+    std::vector<embstore::RouteOutput> outs(R);
+    ints.assign(3 * R, {});
+    ks.assign(R, {});
+    for (size_t k = 0; k < R; ++k) {
+      const size_t n = requests[k].n, nb = requests[k].num_bags;
+      ints[3 * k].assign(n, -7);
+      ints[3 * k + 1].assign(2 * nb, -7);
+      ints[3 * k + 2].assign(2 * nb + 2, -7);
+      ks[k].assign(n, 7);
+      outs[k] = {ints[3 * k].data(),     ks[k].data(),          nullptr, nullptr,
+                 ints[3 * k + 1].data(), ints[3 * k + 2].data()};
+    }
+    return outs;
+  };
+  std::vector<std::vector<int64_t>> ints_pool, ints_one;
+  std::vector<embstore_test::Ids> keys_pool, keys_one;
+  const std::vector<embstore::RouteOutput> pool_out = outputs_for(ints_pool, keys_pool);
+  const std::vector<embstore::RouteOutput> one_out = outputs_for(ints_one, keys_one);
+  embstore::ThreadPool::global().ensure_helpers(1);
+  const std::vector<embstore::RouteCounts> counts =
+      embstore::split_two_routes_many(requests, 7, pool_out, 2);
+  int dense = 0;
+  for (size_t k = 0; k < R; ++k) {
+    const embstore::RouteCounts c = embstore::split_two_routes(requests[k], 7, one_out[k]);
+    CHECK(c.dense == counts[k].dense && c.key_start == counts[k].key_start &&
+          c.bag_start == counts[k].bag_start);
+    dense += c.dense;
+  }
+  CHECK(ints_pool == ints_one && keys_pool == keys_one);
+  CHECK(dense > 0 && dense < static_cast<int>(R));  // both layouts
+}
+
 // reduce_partials_many against sums added one part at a time, in order: parts over every
 // bag or over random subsets (empty ones included), a first part that is the output itself,
-// and enough requests to run on the pool.
+// on the pool (two workers) and on the caller.
 void reduce_matches_parts_added_in_order() {
   std::mt19937_64 rng(5);
   std::uniform_real_distribution<float> value(-4.0f, 4.0f);
@@ -243,7 +303,8 @@ void reduce_matches_parts_added_in_order() {
       outs[k].assign(floats, 7.0f);  // the reduce writes every value
       r.out = in_place ? sums[k][0].data() : outs[k].data();
     }
-    embstore::reduce_partials_many(requests, embstore::reduce_workers(requests));
+    embstore::ThreadPool::global().ensure_helpers(1);
+    embstore::reduce_partials_many(requests, round % 2 == 0 ? 2 : 1);  // the pool, or not
     for (size_t k = 0; k < R; ++k) {
       const float* got = requests[k].out;
       bool same = true;
@@ -260,6 +321,7 @@ int main() {
   split_matches_a_direct_reconstruction();
   many_requests_on_the_pool_match_one_by_one();
   validation_raises_the_batch_calls_errors();
+  two_routes_on_the_pool_match_one_by_one();
   reduce_matches_parts_added_in_order();
   if (failures != 0) {
     std::fprintf(stderr, "test_route: %d checks failed\n", failures);

@@ -86,11 +86,20 @@ def parts_of(
 
 
 def reduce_partials(tables: Sequence[tuple[int, int, list[tuple[Any, F32]]]]) -> list[F32]:
-    """Every table's pooled sums, (num_bags, dim, parts) each: its shards' partial sums
-    added up in shard order, in one C++ call over the tables with the GIL released. A part
-    that covers every bag is added whole; the first such part is the accumulator when it is
-    writeable (a local shard's own output: no copy), others are scattered by their bags."""
-    return list(_core.reduce_partials(list(tables)))
+    """Every table's pooled sums, (num_bags, dim, parts) each (parts as :func:`parts_of`
+    builds them): its shards' partial sums added up in shard order, in one C++ call over
+    the tables with the GIL released. A part that covers every bag is added whole; the
+    first such part is the accumulator when it is writeable and shares no memory with
+    another part (a local shard's own output: no copy); others are scattered by their
+    bags; parts of no bag are skipped."""
+    return list(
+        _core.reduce_partials(
+            [
+                (num_bags, dim, [(b, np.ascontiguousarray(s, np.float32)) for b, s in parts])
+                for num_bags, dim, parts in tables
+            ]
+        )
+    )
 
 
 def divide_by_counts(out: F32, offsets: npt.NDArray[np.int64]) -> None:
