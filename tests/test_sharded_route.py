@@ -160,28 +160,34 @@ def test_gather_rows_checks_its_input() -> None:
         _core.gather_rows(rows.astype(np.float64), np.array([0], np.int64))
 
 
-def test_add_rows_adds_into_the_bags_and_checks_its_input() -> None:
-    out = np.ones((3, 2), np.float32)
-    _core.add_rows(out, np.array([2, 0], np.int64), np.array([[1, 2], [3, 4]], np.float32))
+def test_reduce_scatters_a_part_into_its_bags_and_checks_them() -> None:
+    out = np.ones((3, 2), np.float32)  # a writeable first part over every bag: added into
+    add = (np.array([2, 0], np.int64), np.array([[1, 2], [3, 4]], np.float32))
+    (got,) = _core.reduce_partials([(3, 2, [(None, out), add])])
+    assert got is out
     np.testing.assert_array_equal(out, [[4, 5], [1, 1], [2, 3]])
     for bad in ([3], [-1]):
         with pytest.raises(ValueError, match="bags: index out of range"):
-            _core.add_rows(out, np.array(bad, np.int64), np.zeros((1, 2), np.float32))
+            _core.reduce_partials(
+                [(3, 2, [(None, out), (np.array(bad, np.int64), np.zeros((1, 2), np.float32))])]
+            )
     np.testing.assert_array_equal(out, [[4, 5], [1, 1], [2, 3]])  # a bad call adds nothing
 
 
-def test_add_rows_adds_by_the_bags_it_checked() -> None:
+def test_reduce_scatters_by_the_bags_it_checked() -> None:
     """The bags are checked, then read with the GIL released, where anything could rewrite
     them: the kernel must use what it checked. Here the rewrite is the kernel's own: ``bags``
-    is the memory of ``out`` (int64 over two float32 columns; small ints are denormals,
-    which add like the ints), so each add changes a later bag (to one still in range)."""
+    is the memory of ``out``, the accumulator (int64 over two float32 columns; small ints
+    are denormals, which add like the ints), so each add changes a later bag (to one still
+    in range)."""
     out = np.array([1, 2, 3, 0], np.int64).view(np.float32).reshape(4, 2)
     bags = out.view(np.int64).reshape(4)
     rows = np.array([1, 0, 1, 0, 0, 0, 0, 0], np.int32).view(np.float32).reshape(4, 2)
     want = out.copy()
     for j, bag in enumerate(bags.copy()):
         want[bag] += rows[j]
-    _core.add_rows(out, bags, rows)
+    (got,) = _core.reduce_partials([(4, 2, [(None, out), (bags, rows)])])
+    assert got is out
     np.testing.assert_array_equal(out.view(np.int64), want.view(np.int64))  # [1, 3, 4, 0]
 
 

@@ -199,19 +199,6 @@ std::vector<int64_t> checked_bags(const py::array& bags, py::ssize_t num_rows) {
   return copy;
 }
 
-// out[bags[j]] += rows[j]: one route's partial pooled sums added into the batch's.
-void add_rows_into(const py::array& out, const py::array& bags, const py::array& rows) {
-  const auto a = py::reinterpret_borrow<py::array>(out);
-  float* o = const_cast<float*>(array_data<float>(out, "out", 2, -1, -1));
-  if (!a.writeable()) throw py::value_error("out: array must be writeable");
-  const py::ssize_t num_bags = a.shape(0), dim = a.shape(1);
-  const std::vector<int64_t> b = checked_bags(bags, num_bags);
-  const auto count = static_cast<py::ssize_t>(b.size());
-  const float* r = array_data<float>(rows, "rows", 2, count, dim);
-  py::gil_scoped_release release;
-  embstore::add_rows(o, static_cast<size_t>(dim), b.data(), b.size(), r);
-}
-
 // rows[bags]: a new [count, dim] array from the output pool (numpy's take allocated fresh
 // pages on every call: ~65 us a W1 table of 1,024 bags in the sharded client's step).
 py::array_t<float> gather_rows_of(const py::array& rows, const py::array& bags) {
@@ -319,11 +306,10 @@ namespace embstore_py {
 void bind_route(py::module_& m) {
   m.attr("ROUTE_SALT") = py::int_(embstore::kRouteSalt);
 
-  // route_batches, add_rows, gather_rows, reduce_partials, route_ids: see the functions above.
+  // route_batches, gather_rows, reduce_partials, route_ids: see the functions above.
   m.def("route_batches", &route_batches, py::arg("batches"), py::arg("labels"),
         py::arg("num_routes"), py::arg("salt"), py::arg("mean"), py::arg("split") = true);
 
-  m.def("add_rows", &add_rows_into, py::arg("out"), py::arg("bags"), py::arg("rows"));
   m.def("gather_rows", &gather_rows_of, py::arg("rows"), py::arg("bags"));
   m.def("reduce_partials", &reduce_partials_of, py::arg("tables"));
 

@@ -248,9 +248,6 @@ def route_batches(
     mean: bool,
     split: bool = True,
 ) -> list[tuple[Any, ...]] | None: ...
-def add_rows(
-    out: npt.NDArray[np.float32], bags: npt.NDArray[np.int64], rows: npt.NDArray[np.float32]
-) -> None: ...
 def gather_rows(
     rows: npt.NDArray[np.float32], bags: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.float32]: ...
