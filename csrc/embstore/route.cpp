@@ -3,6 +3,7 @@
 #include <algorithm>  // std::min
 #include <cstring>    // std::memcpy, std::memset
 
+#include "embstore/internal/crc32.hpp"  // crc32
 #include "embstore/thread_pool.hpp"  // ThreadPool
 #include "embstore/validate.hpp"     // validate_offsets, validate_finite
 
@@ -14,6 +15,21 @@ void validate_route_requests(const std::vector<RouteRequest>& requests) {
     if (r.grads != nullptr) validate_finite(r.grads, r.num_bags * r.dim, "grads", r.label);
     if (r.weights != nullptr) validate_finite(r.weights, r.n, "weights", r.label);
   }
+}
+
+uint32_t batch_fingerprint(const RouteRequest& r) {
+  uint32_t crc = internal::crc32(r.keys, r.n * sizeof(uint64_t));
+  crc = internal::crc32(r.offsets, (r.num_bags + 1) * sizeof(int64_t), crc);
+  if (r.weights != nullptr) crc = internal::crc32(r.weights, r.n * sizeof(float), crc);
+  return crc;
+}
+
+std::vector<uint32_t> batch_fingerprints(const std::vector<RouteRequest>& requests,
+                                         size_t workers) {
+  std::vector<uint32_t> out(requests.size());
+  ThreadPool::global().run(requests.size(), workers,
+                           [&](size_t k) { out[k] = batch_fingerprint(requests[k]); });
+  return out;
 }
 
 namespace {
@@ -117,7 +133,7 @@ void fill_routes(const RouteRequest& r, const uint32_t* route, const RouteCounts
       } else {
         k = static_cast<size_t>(key_at[s]++);
       }
-      out.order[k] = i;
+      if (out.order != nullptr) out.order[k] = i;
       out.keys[k] = r.keys[i];
       const float w = r.weights != nullptr ? r.weights[i] : 1.0f;
       if (out.weights != nullptr) out.weights[k] = w;
@@ -166,7 +182,7 @@ RouteCounts split_two_routes(const RouteRequest& r, uint64_t salt, const RouteOu
     if (v.size() < n) v.resize(n);
   };
   grow(keys1);
-  grow(order1);
+  if (out.order != nullptr) grow(order1);
   if (out.weights != nullptr) grow(weights1);
   if (out.coef != nullptr) grow(coef1);
   int64_t* off0 = out.offsets;
@@ -182,8 +198,10 @@ RouteCounts split_two_routes(const RouteRequest& r, uint64_t salt, const RouteOu
       const int64_t s = route_of(key, salt, 2);
       out.keys[at0] = key;
       keys1[at1] = key;
-      out.order[at0] = i;
-      order1[at1] = i;
+      if (out.order != nullptr) {
+        out.order[at0] = i;
+        order1[at1] = i;
+      }
       const float w = r.weights != nullptr ? r.weights[i] : 1.0f;
       if (out.weights != nullptr) out.weights[at0] = weights1[at1] = w;
       if (out.coef != nullptr) out.coef[at0] = coef1[at1] = w / size;
@@ -197,7 +215,7 @@ RouteCounts split_two_routes(const RouteRequest& r, uint64_t salt, const RouteOu
   off1[nb] = at1;
   const auto n1 = static_cast<size_t>(at1);
   std::memcpy(out.keys + at0, keys1.data(), n1 * sizeof(uint64_t));
-  std::memcpy(out.order + at0, order1.data(), n1 * sizeof(int64_t));
+  if (out.order != nullptr) std::memcpy(out.order + at0, order1.data(), n1 * sizeof(int64_t));
   if (out.weights != nullptr) std::memcpy(out.weights + at0, weights1.data(), n1 * sizeof(float));
   if (out.coef != nullptr) std::memcpy(out.coef + at0, coef1.data(), n1 * sizeof(float));
   if (keys1.capacity() > kKeepScratchIds) {  // a huge batch's scratch is not kept for good

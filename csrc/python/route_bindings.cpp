@@ -93,24 +93,28 @@ std::vector<embstore::RouteRequest> requests_of(const py::list& batches,
   return requests;
 }
 
-// One request's split arrays from the output pool: order, keys (weights, coef) of
+// One request's split arrays from the output pool: keys (order, weights, coef) of
 // `num_keys`, bags and offsets of the sizes given; `out` points into them.
 struct SplitArrays {
-  py::array_t<int64_t> order, bags, offsets;
+  py::array_t<int64_t> bags, offsets;
   py::array_t<uint64_t> keys;
-  py::object weights = py::none(), coef = py::none();
+  py::object order = py::none(), weights = py::none(), coef = py::none();
   embstore::RouteOutput out{};
 };
 
-SplitArrays split_arrays(size_t num_keys, size_t num_bags, size_t num_offsets, bool weighted,
-                         bool mean) {
+SplitArrays split_arrays(size_t num_keys, size_t num_bags, size_t num_offsets, bool with_order,
+                         bool weighted, bool mean) {
   SplitArrays a;
-  a.order = pooled_array<int64_t>(num_keys);
   a.keys = pooled_array<uint64_t>(num_keys);
   a.bags = pooled_array<int64_t>(num_bags);
   a.offsets = pooled_array<int64_t>(num_offsets);
-  a.out = {a.order.mutable_data(), a.keys.mutable_data(),   nullptr, nullptr,
-           a.bags.mutable_data(),  a.offsets.mutable_data()};
+  a.out = {nullptr, a.keys.mutable_data(), nullptr,
+           nullptr, a.bags.mutable_data(), a.offsets.mutable_data()};
+  if (with_order) {
+    auto o = pooled_array<int64_t>(num_keys);
+    a.out.order = o.mutable_data();
+    a.order = std::move(o);
+  }
   if (weighted) {
     auto w = pooled_array<float>(num_keys);
     a.out.weights = w.mutable_data();
@@ -125,22 +129,25 @@ SplitArrays split_arrays(size_t num_keys, size_t num_bags, size_t num_offsets, b
 }
 
 // The plan tuple of a split (see route_batches); bags and offsets cut to what it used.
-py::tuple plan_of(const SplitArrays& a, const embstore::RouteCounts& c) {
+py::tuple plan_of(const SplitArrays& a, const embstore::RouteCounts& c, uint32_t fingerprint) {
   const auto head = [](const py::array& v, size_t n) {
     return v.attr("__getitem__")(py::slice(0, static_cast<py::ssize_t>(n), 1));
   };
   return py::make_tuple(a.order, a.keys, a.weights, a.coef, copy_of(c.key_start),
                         head(a.bags, c.num_bags()), copy_of(c.bag_start),
-                        head(a.offsets, c.num_offsets()));
+                        head(a.offsets, c.num_offsets()), fingerprint);
 }
 
 // Validates every batch as a group call would (the first error, in order), then splits each
-// by route. Returns per batch (order, keys, weights | None, coef | None, key_start, bags,
-// bag_start, offsets): see embstore::RoutePlan. The list holds the arrays alive meanwhile.
+// by route. Returns per batch (order | None, keys, weights | None, coef | None, key_start,
+// bags, bag_start, offsets, fingerprint): see embstore::RoutePlan; `order` only when asked
+// for (only an exact lookup reads it). The list holds the arrays alive meanwhile. Without
+// `split`: each batch's fingerprint only (embstore::batch_fingerprint).
 // Two routes with bags of several ids take one pass into outputs of the largest size
 // (split_two_routes); others count first, then scatter into outputs of the exact size.
 py::object route_batches(const py::list& batches, const std::vector<std::string>& labels,
-                         uint32_t num_routes, uint64_t salt, bool mean, bool split) {
+                         uint32_t num_routes, uint64_t salt, bool mean, bool split,
+                         bool with_order) {
   if (num_routes == 0) throw py::value_error("num_routes must be positive");
   const py::list held = batches;  // a reference: its tuples outlive the released GIL
   const std::vector<embstore::RouteRequest> requests = requests_of(held, labels);
@@ -151,37 +158,40 @@ py::object route_batches(const py::list& batches, const std::vector<std::string>
   std::vector<embstore::RouteOutput> outputs;
   for (size_t k = 0; one_pass && k < R; ++k) {
     const size_t nb = requests[k].num_bags;
-    arrays.push_back(split_arrays(requests[k].n, 2 * nb, 2 * nb + 2, weighted(k), mean));
+    arrays.push_back(
+        split_arrays(requests[k].n, 2 * nb, 2 * nb + 2, with_order, weighted(k), mean));
     outputs.push_back(arrays.back().out);
   }
   const size_t total = embstore::route_starts(requests).back();
   thread_local std::vector<uint32_t> route;  // reused: no page faults per batch
   if (split && !one_pass && route.size() < total) route.resize(total);
   std::vector<embstore::RouteCounts> counts;
+  std::vector<uint32_t> fingerprints;
   size_t workers = 1;
   {
     py::gil_scoped_release release;
     embstore::validate_route_requests(requests);
-    if (split) workers = embstore::route_workers(requests);
+    workers = embstore::route_workers(requests);
+    fingerprints = embstore::batch_fingerprints(requests, workers);
     if (one_pass) {
       counts = embstore::split_two_routes_many(requests, salt, outputs, workers);
     } else if (split) {
       counts = embstore::count_routes_many(requests, num_routes, salt, route.data(), workers);
     }
   }
-  if (!split) return py::none();
+  if (!split) return py::cast(fingerprints);
   if (!one_pass) {
     for (size_t k = 0; k < R; ++k) {
       const embstore::RouteCounts& c = counts[k];
       arrays.push_back(
-          split_arrays(c.num_keys(), c.num_bags(), c.num_offsets(), weighted(k), mean));
+          split_arrays(c.num_keys(), c.num_bags(), c.num_offsets(), with_order, weighted(k), mean));
       outputs.push_back(arrays.back().out);
     }
     py::gil_scoped_release release;
     embstore::fill_routes_many(requests, route.data(), counts, outputs, workers);
   }
   py::list out;
-  for (size_t k = 0; k < R; ++k) out.append(plan_of(arrays[k], counts[k]));
+  for (size_t k = 0; k < R; ++k) out.append(plan_of(arrays[k], counts[k], fingerprints[k]));
   return std::move(out);
 }
 
@@ -308,7 +318,8 @@ void bind_route(py::module_& m) {
 
   // route_batches, gather_rows, reduce_partials, route_ids: see the functions above.
   m.def("route_batches", &route_batches, py::arg("batches"), py::arg("labels"),
-        py::arg("num_routes"), py::arg("salt"), py::arg("mean"), py::arg("split") = true);
+        py::arg("num_routes"), py::arg("salt"), py::arg("mean"), py::arg("split") = true,
+        py::arg("order") = true);
 
   m.def("gather_rows", &gather_rows_of, py::arg("rows"), py::arg("bags"));
   m.def("reduce_partials", &reduce_partials_of, py::arg("tables"));

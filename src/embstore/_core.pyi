@@ -247,7 +247,8 @@ def route_batches(
     salt: int,
     mean: bool,
     split: bool = True,
-) -> list[tuple[Any, ...]] | None: ...
+    order: bool = True,
+) -> list[Any]: ...
 def gather_rows(
     rows: npt.NDArray[np.float32], bags: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.float32]: ...

@@ -235,6 +235,7 @@ def specs_of(source: Source) -> dict[str, TableSpec]:
             eviction=cfg.eviction,
             num_threads=cfg.num_threads,
             admission=cfg.admission,
+            padding_id=cfg.padding_id,
         )
     return specs
 

@@ -66,6 +66,13 @@ void split_matches_a_direct_reconstruction() {
     embstore::fill_routes(r, route.data(), c,
                           {order.data(), out_keys.data(), out_w.data(), coef.data(),
                            sub_bags.data(), sub_off.data()});
+    {  // without positions (order == nullptr): the same split
+      embstore_test::Ids keys0(n);
+      std::vector<int64_t> bags0(c.num_bags()), off0(c.num_offsets());
+      embstore::fill_routes(r, route.data(), c,
+                            {nullptr, keys0.data(), nullptr, nullptr, bags0.data(), off0.data()});
+      CHECK(keys0 == out_keys && bags0 == sub_bags && off0 == sub_off);
+    }
     // Dense exactly when every route touches at least 7/8 of the bags.
     bool dense = bags > 0;
     for (uint32_t s = 0; s < R; ++s) {
@@ -123,6 +130,13 @@ void split_matches_a_direct_reconstruction() {
       CHECK(order2 == order && keys2 == out_keys && w2 == out_w && coef2 == coef);
       CHECK(std::equal(sub_bags.begin(), sub_bags.end(), bags2.begin()));
       CHECK(std::equal(sub_off.begin(), sub_off.end(), off2.begin()));
+      // Without positions (order == nullptr): the same split.
+      embstore_test::Ids keys3(n);
+      std::vector<int64_t> bags3(2 * bags), off3(2 * bags + 2);
+      const embstore::RouteCounts c3 = embstore::split_two_routes(
+          r, 7, {nullptr, keys3.data(), nullptr, nullptr, bags3.data(), off3.data()});
+      CHECK(c3.key_start == c.key_start && c3.bag_start == c.bag_start && keys3 == out_keys);
+      CHECK(bags3 == bags2 && off3 == off2);
       ++(c.dense ? dense_one_pass : sparse_one_pass);
     }
   }

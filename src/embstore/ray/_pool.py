@@ -12,15 +12,34 @@ import numpy.typing as npt
 from embstore import _core
 from embstore._sharded import SALT
 
-__all__ = ["Plan", "parts_of", "pool_in_order", "reduce_partials", "route", "shard_grads"]
+__all__ = [
+    "Plan",
+    "check",
+    "parts_of",
+    "pool_in_order",
+    "reduce_partials",
+    "route",
+    "shard_grads",
+]
 
 F32 = npt.NDArray[np.float32]
 
 
 class Plan:
-    """One table's batch split by shard (see ``embstore::RoutePlan``)."""
+    """One table's batch split by shard (see ``embstore::RoutePlan``), and the checksum of
+    the batch it split (``fingerprint``: see :func:`check`)."""
 
-    __slots__ = ("bag_start", "bags", "coef", "key_start", "keys", "offsets", "order", "weights")
+    __slots__ = (
+        "bag_start",
+        "bags",
+        "coef",
+        "fingerprint",
+        "key_start",
+        "keys",
+        "offsets",
+        "order",
+        "weights",
+    )
 
     def __init__(self, arrays: tuple[Any, ...]) -> None:
         (
@@ -32,6 +51,7 @@ class Plan:
             self.bags,
             self.bag_start,
             self.offsets,
+            self.fingerprint,
         ) = arrays
 
     def part(self, shard: int) -> tuple[Any, ...]:
@@ -50,12 +70,22 @@ def route(
     num_shards: int,
     *,
     mean: bool,
-    split: bool = True,
+    order: bool = True,
 ) -> list[Plan]:
     """Validates ``batches`` ((keys, offsets, weights | None, grads | None) per table) as a
-    group call does, then (``split``) splits each by shard, in one GIL-released C++ pass."""
-    out = _core.route_batches(list(batches), list(names), num_shards, SALT, mean, split)
-    return [] if out is None else [Plan(a) for a in out]
+    group call does, then splits each by shard, in one GIL-released C++ pass. ``order``:
+    whether the plans keep each id's position in its batch (``Plan.order``; only an exact
+    lookup needs it), else ``Plan.order`` is None."""
+    out = _core.route_batches(list(batches), list(names), num_shards, SALT, mean, True, order)
+    return [Plan(a) for a in out]
+
+
+def check(names: Sequence[str], batches: Sequence[tuple[Any, ...]], *, mean: bool) -> list[int]:
+    """Validates ``batches`` as :func:`route` does, without splitting them; returns each
+    batch's fingerprint, a CRC-32 of its keys, offsets and weights (a plan of the same
+    batch has the same ``fingerprint``)."""
+    out: list[int] = _core.route_batches(list(batches), list(names), 1, SALT, mean, False)
+    return out
 
 
 def shard_grads(grads: dict[str, F32], plans: dict[str, Plan], shard: int) -> dict[str, F32]:

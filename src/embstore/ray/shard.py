@@ -24,11 +24,15 @@ from embstore.group import TableGroup
 from embstore.ray import _stats
 from embstore.spec import TableSpec
 
-__all__ = ["MAX_PENDING", "ShardServer"]
+__all__ = ["MAX_PENDING", "MAX_PENDING_ALL", "TOKEN_BITS", "ShardServer"]
 
-#: Training forwards a shard keeps for their backward (older ones are dropped: a trainer
-#: that never applies cannot grow the buffer).
+#: Training forwards a shard keeps for their backward, per client (older ones are dropped: a
+#: trainer that never applies cannot grow the buffer). The client mirrors this count.
 MAX_PENDING = 8
+#: Step tokens are ``client << TOKEN_BITS | step``: each client's forwards are counted apart.
+TOKEN_BITS = 40
+#: Forwards kept over all clients (those of clients that left are dropped first, oldest first).
+MAX_PENDING_ALL = 16 * MAX_PENDING
 
 #: One table's part of a routed batch on one shard: keys, CSR offsets over the shard's
 #: bags, per-id weights (or None) and the apply's per-id factor in mean mode (or None).
@@ -92,11 +96,18 @@ class ShardServer:
         return features
 
     def looked_up(self, token: int, batch: Mapping[str, Routed], insert: bool) -> None:
-        """Keeps a training forward's ``batch`` under ``token`` for its apply."""
-        if insert:
-            self._pending[token] = batch
-            while len(self._pending) > MAX_PENDING:
-                self._pending.popitem(last=False)
+        """Keeps a training forward's ``batch`` under ``token`` for its apply: at most
+        MAX_PENDING of its client's (the oldest goes first), MAX_PENDING_ALL in all."""
+        if not insert or not batch:
+            return
+        pending = self._pending
+        pending[token] = batch
+        client = token >> TOKEN_BITS
+        mine = [t for t in pending if t >> TOKEN_BITS == client]
+        for old in mine[: max(0, len(mine) - MAX_PENDING)]:
+            del pending[old]
+        while len(pending) > MAX_PENDING_ALL:
+            pending.popitem(last=False)
 
     def apply(
         self,

@@ -12,16 +12,18 @@ import itertools
 import os
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _sharded, metrics
+from embstore import _arrays, _padding, _sharded, metrics
 from embstore.checkpoint import CheckpointError
 from embstore.errors import ShardLostError
 from embstore.ray import _pool, _stats
+from embstore.ray.shard import MAX_PENDING, TOKEN_BITS
 from embstore.spec import TableSpec
 
 if TYPE_CHECKING:  # typing.Self needs Python 3.11; annotations are never evaluated at run time
@@ -34,25 +36,29 @@ _RESTORE = ("fail", "checkpoint")
 
 
 class _Forward:
-    """What the client keeps of a training forward for one table, to recognise its apply."""
+    """What the client keeps of a training forward for one table, to recognise its apply:
+    the batch's sizes and checksum (not the arrays, which the caller may rewrite)."""
 
-    __slots__ = ("checked", "code", "plan", "token")
+    __slots__ = ("code", "num_keys", "num_offsets", "plan", "token", "weighted")
 
     def __init__(self, token: int, checked: tuple[Any, ...], code: int, plan: _pool.Plan) -> None:
         self.token = token
-        self.checked = checked
         self.code = code
         self.plan = plan
+        self.num_keys = checked[0].shape[0]
+        self.num_offsets = checked[1].shape[0]
+        self.weighted = len(checked) == 3
 
-    def matches(self, keys: Any, offsets: Any, weights: Any, code: int) -> bool:
-        k, off = self.checked[0], self.checked[1]
-        w = self.checked[2] if len(self.checked) == 3 else None
-        if code != self.code or (w is None) != (weights is None):
-            return False
-        same = (k is keys or np.array_equal(k, keys)) and (
-            off is offsets or np.array_equal(off, offsets)
+    def matches(self, checked: tuple[Any, ...], fingerprint: int, code: int) -> bool:
+        """Whether an apply's checked entry (keys, offsets, grads[, weights]) with this
+        fingerprint is this forward's batch, in the same mode."""
+        return (
+            code == self.code
+            and fingerprint == self.plan.fingerprint
+            and (len(checked) == 4) == self.weighted
+            and checked[0].shape[0] == self.num_keys
+            and checked[1].shape[0] == self.num_offsets
         )
-        return same and (w is None or w is weights or np.array_equal(w, weights))
 
 
 class ApplyHandle:
@@ -138,9 +144,19 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._specs: dict[str, TableSpec] = dict(tables)
         self._names = list(self._specs)
         self._dims = {n: s.dim for n, s in self._specs.items()}
+        # Tables with a padding id: the client drops it before routing, as TableGroup does
+        # before its core call (it counts in no bag's size, and its weight is never read).
+        self._padding = {
+            n: s.padding_key for n, s in self._specs.items() if s.padding_key is not None
+        }
         self._num_shards = num_shards
         self._checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
-        self._tokens = itertools.count(1)
+        # Step tokens unique to this client (several clients may share the shards), and the
+        # forwards the shards still hold for it: token -> tables not applied yet, as each
+        # shard keeps them (see ShardServer.looked_up).
+        client = uuid.uuid4().int >> 64
+        self._tokens = itertools.count((client << TOKEN_BITS) + 1)
+        self._pending: OrderedDict[int, set[str]] = OrderedDict()
         self._forwards: dict[str, _Forward] = {}
         self._lost: ShardLostError | None = None
         self._fail_stop = restore == "fail"  # a lost shard stops the store until restore()
@@ -250,7 +266,23 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
             _uint64_keys(_arrays.named_entry(n, entries[n], self._dim(n), arg, convert))
             for n in names
         ]
+        if self._padding:
+            grads = arg == "grads"
+            checked = [
+                self._without_padding(n, c, grads) for n, c in zip(names, checked, strict=True)
+            ]
         return names, checked
+
+    def _without_padding(self, name: str, entry: tuple[Any, ...], grads: bool) -> tuple[Any, ...]:
+        """A checked entry without its table's padding ids (the same bags)."""
+        pad = self._padding.get(name)
+        if pad is None:
+            return entry
+        w_at = 3 if grads else 2
+        w = entry[w_at] if len(entry) > w_at else None
+        k, off, w = _padding.drop_from_bags(pad, entry[0], entry[1], w)
+        head = (k, off, entry[2]) if grads else (k, off)
+        return head if w is None else (*head, w)
 
     def lookup_sum(
         self,
@@ -270,7 +302,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._usable()
         t0 = time.perf_counter_ns()
         batches = [(c[0], c[1], c[2] if len(c) == 3 else None, None) for c in checked]
-        plans = _pool.route(names, batches, self._num_shards, mean=code == 1)
+        plans = _pool.route(names, batches, self._num_shards, mean=code == 1, order=exact)
         token = next(self._tokens)
         t1 = time.perf_counter_ns()
         calls = [
@@ -284,6 +316,8 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         if insert:
             for name, plan, c in zip(names, plans, checked, strict=True):
                 self._forwards[name] = _Forward(token, c, code, plan)
+            if names:
+                self._keep_forward(token, names)
         layers = self._layers
         layers.record("client.route", t1 - t0)
         layers.record("client.rpc.lookup_sum", t2 - t1)
@@ -339,22 +373,23 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         names, checked = self._checked(grads, "grads", _arrays.apply_entry)
         batches = [(c[0], c[1], c[3] if len(c) == 4 else None, c[2]) for c in checked]
         t0 = time.perf_counter_ns()
-        _pool.route(names, batches, self._num_shards, mean=code == 1, split=False)
+        fingerprints = _pool.check(names, batches, mean=code == 1)
         self._layers.record("client.validate", time.perf_counter_ns() - t0)
         self._usable()
         token: int | None = None
         reroute: list[int] = []
         for k, (name, c) in enumerate(zip(names, checked, strict=True)):
             fwd = self._forwards.get(name)
-            w = c[3] if len(c) == 4 else None
             if (
                 fwd is not None
                 and (token is None or fwd.token == token)
-                and fwd.matches(c[0], c[1], w, code)
+                and fwd.matches(c, fingerprints[k], code)
             ):
                 token = fwd.token
             else:
                 reroute.append(k)
+        if token is not None:  # the shards consume these tables of the forward
+            self._consume_forward(token, set(names) - {names[k] for k in reroute})
         plans = {}
         if reroute:
             sub = _pool.route(
@@ -362,6 +397,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
                 [batches[k] for k in reroute],
                 self._num_shards,
                 mean=code == 1,
+                order=False,
             )
             plans = {names[k]: p for k, p in zip(reroute, sub, strict=True)}
         split = dict(plans)  # each table's split: its forward's, or the one just made
@@ -386,6 +422,25 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
             return handle
         handle.wait()
         return None
+
+    def _keep_forward(self, token: int, names: list[str]) -> None:
+        """Records a training forward the shards now hold; past MAX_PENDING of this client's,
+        they drop its oldest, and so does the client (its tables' applies are then routed
+        afresh)."""
+        self._pending[token] = set(names)
+        while len(self._pending) > MAX_PENDING:
+            old, tables = self._pending.popitem(last=False)
+            for name in tables:
+                fwd = self._forwards.get(name)
+                if fwd is not None and fwd.token == old:
+                    del self._forwards[name]
+
+    def _consume_forward(self, token: int, names: set[str]) -> None:
+        tables = self._pending.get(token)
+        if tables is not None:
+            tables -= names
+            if not tables:
+                del self._pending[token]
 
     # -- management -----------------------------------------------------------------------
     def _broadcast(self, method: str, *args: Any) -> list[Any]:
@@ -533,6 +588,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         source = _sharded.open_source(directory)
         self._backend.restart(self._specs, source)
         self._forwards.clear()
+        self._pending.clear()
         self._unwaited.clear()
         self._lost = None
         self._last_checkpoint_step = source.step
