@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["drop_from_bags", "drop_from_rows", "mask"]
+__all__ = ["drop_from_bags", "drop_from_entry", "drop_from_rows", "mask"]
 
 
 def mask(keys: np.ndarray, key: int) -> npt.NDArray[np.bool_] | None:
@@ -41,6 +41,16 @@ def drop_from_bags(
     np.cumsum(keep, out=kept_before[1:])
     new_weights = None if weights is None else np.ascontiguousarray(weights[keep])
     return np.ascontiguousarray(keys[keep]), kept_before[offsets], new_weights
+
+
+def drop_from_entry(key: int, entry: tuple[Any, ...], grads: bool) -> tuple[Any, ...]:
+    """A checked group entry -- ``(keys, offsets[, weights])``, or with ``grads``
+    ``(keys, offsets, grads[, weights])`` -- without its padding ids (the same bags)."""
+    w_at = 3 if grads else 2
+    w = entry[w_at] if len(entry) > w_at else None
+    k, off, w = drop_from_bags(key, entry[0], entry[1], w)
+    head = (k, off, entry[2]) if grads else (k, off)
+    return head if w is None else (*head, w)
 
 
 def drop_from_rows(key: int, keys: np.ndarray, grads: Any) -> tuple[np.ndarray, Any]:

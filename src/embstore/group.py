@@ -243,14 +243,8 @@ class TableGroup(Mapping[str, Table]):
         """Removes padding ids from the (checked) batches of tables that have one."""
         for i, name in enumerate(names):
             pad = self._padding.get(name)
-            if pad is None:
-                continue
-            b = batches[i]
-            w_at = 3 if grads else 2
-            w = b[w_at] if len(b) > w_at else None
-            k, off, w = _padding.drop_from_bags(pad, b[0], b[1], w)
-            head = (k, off, b[2]) if grads else (k, off)
-            batches[i] = head if w is None else (*head, w)
+            if pad is not None:
+                batches[i] = _padding.drop_from_entry(pad, batches[i], grads)
 
     def lookup_sum(
         self,

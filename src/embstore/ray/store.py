@@ -266,23 +266,11 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
             _uint64_keys(_arrays.named_entry(n, entries[n], self._dim(n), arg, convert))
             for n in names
         ]
-        if self._padding:
-            grads = arg == "grads"
-            checked = [
-                self._without_padding(n, c, grads) for n, c in zip(names, checked, strict=True)
-            ]
+        for i, name in enumerate(names):
+            pad = self._padding.get(name)
+            if pad is not None:
+                checked[i] = _padding.drop_from_entry(pad, checked[i], arg == "grads")
         return names, checked
-
-    def _without_padding(self, name: str, entry: tuple[Any, ...], grads: bool) -> tuple[Any, ...]:
-        """A checked entry without its table's padding ids (the same bags)."""
-        pad = self._padding.get(name)
-        if pad is None:
-            return entry
-        w_at = 3 if grads else 2
-        w = entry[w_at] if len(entry) > w_at else None
-        k, off, w = _padding.drop_from_bags(pad, entry[0], entry[1], w)
-        head = (k, off, entry[2]) if grads else (k, off)
-        return head if w is None else (*head, w)
 
     def lookup_sum(
         self,
