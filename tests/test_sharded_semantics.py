@@ -194,3 +194,28 @@ def test_clients_sharing_the_shards_keep_their_own_forwards() -> None:
         assert_same_rows(store, group)
     finally:
         store.close()
+
+
+def test_set_lr_changes_every_shards_learning_rate() -> None:
+    """A learning-rate schedule over the sharded store trains as over the group; bad
+    arguments raise what Table.set_lr and the group raise, and change nothing."""
+    rng = np.random.default_rng(15)
+    sp = specs("adam")
+    group = in_process(sp)
+    with ShardedTableGroup(sp, num_shards=3, backend="local") as store:
+        for step, lr in enumerate([0.01, 0.003, 0.001]):
+            store.set_lr("user", lr)
+            group["user"].set_lr(lr)
+            feats = batch(rng, weighted=step == 1)
+            store.lookup_sum(feats)
+            group.lookup_sum(feats)
+            g = grads_of(rng, feats, DIMS)
+            store.apply_gradients(g)
+            group.apply_gradients(g)
+        assert_same_rows(store, group)
+        for bad in (0.0, -1.0, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="lr must be a positive finite number"):
+                store.set_lr("user", bad)
+        with pytest.raises(KeyError, match="unknown table 'nope'"):
+            store.set_lr("nope", 0.1)
+        assert all(s.group["user"].optimizer.lr == 0.001 for s in store._backend.servers)

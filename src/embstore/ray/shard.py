@@ -171,6 +171,9 @@ class ShardServer:
     def set_step(self, step: int) -> None:
         self.group.set_step(step)
 
+    def set_lr(self, name: str, lr: float) -> None:
+        self.group[name].set_lr(lr)
+
     def evict(self, older_than: int) -> dict[str, dict[str, np.ndarray]]:
         return {n: t.evict(older_than=older_than) for n, t in self.group.items()}
 

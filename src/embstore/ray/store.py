@@ -9,6 +9,7 @@ forward's step token, and each shard applies the keys it kept.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 import uuid
@@ -446,6 +447,18 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
             raise ValueError(msg)
         self._broadcast("set_step", int(step))
         self._step = int(step)
+
+    def set_lr(self, name: str, lr: float) -> None:
+        """``Table.set_lr(lr)`` of table ``name`` on every shard: the learning rate
+        (``alpha`` for FTRL) of every later call. ``store[name]`` stays the spec the store
+        was built with; a shard restored from a checkpoint takes the checkpoint's rate (call
+        this again after :meth:`restore`)."""
+        self._dim(name)
+        lr = float(lr)
+        if not math.isfinite(lr) or lr <= 0.0:
+            msg = f"lr must be a positive finite number, got {lr!r}"
+            raise ValueError(msg)
+        self._broadcast("set_lr", name, lr)
 
     def evict(self, *, older_than: int) -> dict[str, dict[str, np.ndarray]]:
         """``Table.evict(older_than=)`` on every shard; the removed rows per table (ids and
