@@ -296,3 +296,76 @@ def test_each_actor_writes_its_own_perf_report(
             with open(f"{path}.shard-{k}") as f:
                 assert "name=group.lookup_sum" in f.read()
     assert not os.path.exists(path)
+
+
+def test_restore_waits_for_applies_sent_without_waiting(cluster: None, tmp_path: Any) -> None:
+    """An apply sent with wait=False before restore() is waited for first: its handle then
+    returns, and the restored store keeps working (the old graph is not read after)."""
+    rng = np.random.default_rng(17)
+    with ShardedTableGroup(specs("sgd"), num_shards=2, backend="ray") as store:
+        feats = batch(rng, weighted=False)
+        store.lookup_sum(feats)
+        store.save(tmp_path)
+        store.lookup_sum(feats)
+        handle = store.apply_gradients(grads_of(rng, feats, DIMS), wait=False)
+        assert handle is not None
+        store.restore(tmp_path)
+        handle.wait()
+        out = store.lookup_sum(feats, insert=False)
+        assert out["user"].shape == (feats["user"][1].shape[0] - 1, 5)
+        assert all(h["alive"] for h in store.health())
+
+
+def test_health_counts_from_the_checkpoint_a_restart_reloads(cluster: None, tmp_path: Any) -> None:
+    """restore="checkpoint": last_checkpoint is the step committed in checkpoint_dir (what a
+    restarted shard reloads), for every shard alike; a save elsewhere does not move it; a
+    restarted shard runs at the client's step from its next call."""
+    ckpt, other = tmp_path / "ckpt", tmp_path / "other"
+    with ShardedTableGroup(
+        specs("sgd"), num_shards=2, backend="ray", restore="checkpoint", checkpoint_dir=str(ckpt)
+    ) as store:
+        store.set_step(3)
+        store.save(ckpt)
+        store.set_step(6)
+        _kill_and_wait_replaced(store._backend.actors[0])
+        assert [(h["last_checkpoint"], h["lost_steps"]) for h in store.health()] == [(3, 3)] * 2
+        ids = np.arange(1, 201, dtype=np.uint64)
+        store.lookup_sum({"user": (ids, np.arange(201))})  # every row used at step 6
+        removed = store.evict(older_than=6)
+        assert removed["user"]["ids"].shape[0] == 0
+        store.set_step(10)
+        store.save(ckpt)
+        store.set_step(12)
+        store.save(other)
+        assert [(h["last_checkpoint"], h["lost_steps"]) for h in store.health()] == [(10, 2)] * 2
+
+
+def test_a_checkpoint_that_does_not_load_raises_at_load_and_restore(
+    cluster: None, tmp_path: Any
+) -> None:
+    """A corrupt shard file raises CheckpointError from load() and restore(), as on the
+    local backend, not ShardLostError at some later call; a good restore then recovers."""
+    rng = np.random.default_rng(18)
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    feats = batch(rng, weighted=False)
+    with ShardedTableGroup(specs("sgd"), num_shards=2, backend="local") as local:
+        local.lookup_sum(feats)
+        local.save(good)
+        local.save(bad)
+    victim = next(p for p in sorted(bad.glob("shard-00001*/*")) if p.is_file())
+    with open(victim, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff" * 16)
+    with pytest.raises(embstore.CheckpointError):
+        ShardedTableGroup.load(bad, backend="ray")
+    with ShardedTableGroup.load(good, backend="ray") as store:
+        with pytest.raises(embstore.CheckpointError):
+            store.restore(bad)
+        with pytest.raises(ShardLostError):  # no shard left until a restore succeeds
+            store.lookup_sum(feats)
+        store.restore(good)
+        out = store.lookup_sum(feats, insert=False, exact=True)
+        with ShardedTableGroup.load(good, backend="local") as ref:
+            want = ref.lookup_sum(feats, insert=False, exact=True)
+        for n in want:
+            np.testing.assert_array_equal(out[n], want[n])

@@ -79,11 +79,11 @@ class LocalBackend:
         start = time.perf_counter_ns()
         insert = bool(calls[0][2])
         try:
-            features = [ShardServer.lookup_features(batch, exact) for _t, batch, _i, exact in calls]
+            features = [ShardServer.lookup_features(c[1], c[3]) for c in calls]
             outs = _group_call([s.group for s in self.servers], features, "lookup", insert=insert)
         except Exception as e:  # noqa: BLE001  (every shard's call raises it)
             return [Done.of(error=e) for _ in calls]
-        for server, (token, batch, _i, _e) in zip(self.servers, calls, strict=True):
+        for server, (token, batch, *_) in zip(self.servers, calls, strict=True):
             server.looked_up(token, batch, insert)
         ns = time.perf_counter_ns() - start
         return [Done.of((out, ns)) for out in outs]
@@ -94,7 +94,7 @@ class LocalBackend:
         errors: list[BaseException | None] = []
         for server, args in zip(self.servers, calls, strict=True):
             try:  # a shard that lost the forward raises; the others still apply
-                entries.append(server.apply_entries(*args))
+                entries.append(server.apply_entries(*args[:3]))
                 errors.append(None)
             except Exception as e:  # noqa: BLE001  (re-raised by result())
                 entries.append({})
@@ -112,11 +112,18 @@ class LocalBackend:
         return future.value
 
     def restart(self, specs: Mapping[str, TableSpec], source: _sharded.Source) -> None:
-        old, self.servers = self.servers, []
+        """The shards of ``source``; the old ones stay if loading it fails."""
+        new: list[ShardServer] = []
+        try:
+            for k in range(len(self.servers)):
+                new.append(ShardServer.create(specs, k, len(self.servers), source))
+        except BaseException:
+            for server in new:
+                server.close()
+            raise
+        old, self.servers = self.servers, new
         for server in old:
             server.close()
-        for k in range(len(old)):
-            self.servers.append(ShardServer.create(specs, k, len(old), source))
 
     def health(self, last_checkpoint: int | None, step: int) -> list[dict[str, Any]]:
         lost = None if last_checkpoint is None else step - last_checkpoint

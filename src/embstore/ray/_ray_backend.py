@@ -57,15 +57,30 @@ class ShardActor:
         self.meta = meta
         ckpt = meta.get("checkpoint_dir")
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        if restarted and ckpt and os.path.exists(os.path.join(ckpt, _sharded.MANIFEST)):
-            source = _sharded.open_source(ckpt)
-        self.server = ShardServer.create(meta["specs"], shard, meta["num_shards"], source)
         self.lock = threading.Lock()
+        self.error: Exception | None = None  # why the shard could not be built (ready())
+        self.server: ShardServer | None = None
+        try:
+            if restarted and ckpt and os.path.exists(os.path.join(ckpt, _sharded.MANIFEST)):
+                source = _sharded.open_source(ckpt)
+            self.server = ShardServer.create(meta["specs"], shard, meta["num_shards"], source)
+        except Exception as e:  # noqa: BLE001  (raised by every call, first by ready())
+            self.error = e
         _report_per_shard(shard)
+
+    def _server(self) -> ShardServer:
+        if self.server is None:
+            raise self.error or RuntimeError("shard not built")
+        return self.server
+
+    def ready(self) -> str:
+        """The shard's incarnation once built; raises what building it raised."""
+        return self._server().incarnation
 
     def call(self, method: str, *args: Any) -> tuple[str, Any]:
         with self.lock:
-            return self.server.incarnation, getattr(self.server, method)(*args)
+            server = self._server()
+            return server.incarnation, getattr(server, method)(*args)
 
     def step(self, request: tuple[str, tuple[Any, ...]]) -> tuple[str, Any, Exception | None, int]:
         """A compiled-graph call: (incarnation, value, error, done), the error as a value so
@@ -77,7 +92,8 @@ class ShardActor:
         try:
             incarnation, value = self.call(method, *args)
         except Exception as e:  # noqa: BLE001  (raised by the client)
-            return self.server.incarnation, None, e, time.monotonic_ns()
+            known = self.server.incarnation if self.server is not None else ""
+            return known, None, e, time.monotonic_ns()
         return incarnation, value, None, time.monotonic_ns()
 
     def get_meta(self) -> dict[str, Any]:
@@ -183,7 +199,26 @@ class RayBackend:
         # read (_took) and the last two (_done_ns); 0 where a shard's clock was not ours.
         self._took: dict[str, int] = {}
         self._done_ns: dict[str, tuple[int, int]] = {}
-        self.actors = actors if actors is not None else self._spawn(source)
+        if actors is None:
+            actors = self._spawn(source)
+            self._confirm(actors)
+        self.actors = actors
+
+    @staticmethod
+    def _confirm(actors: list[Any]) -> None:
+        """Waits until every new actor has built its shard; if one could not (a checkpoint
+        that does not load, say), kills them all and raises its error, as the local backend
+        raises it."""
+        try:
+            ray.get([a.ready.remote() for a in actors])
+        except ray.exceptions.RayError as e:
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise
 
     def _spawn(self, source: _sharded.Source | None) -> list[Any]:
         if not ray.is_initialized():
@@ -364,10 +399,10 @@ class RayBackend:
             if info is not None:
                 self._seen(k, incarnation)
                 entry.update(info, alive=True, restarts=self.restarts[k])
-            restored = entry.get("restored_from")
-            base = restored if restored is not None and self.restarts[k] else last_checkpoint
-            entry["last_checkpoint"] = base
-            entry["lost_steps"] = None if base is None else max(0, step - base)
+            entry["last_checkpoint"] = last_checkpoint
+            entry["lost_steps"] = (
+                None if last_checkpoint is None else max(0, step - last_checkpoint)
+            )
             out.append(entry)
         return out
 
@@ -386,6 +421,7 @@ class RayBackend:
         self.incarnations = [None] * len(self.actors)
         self.dead = [False] * len(self.actors)
         self.actors = self._spawn(source)
+        self._confirm(self.actors)  # (on failure: no live shard until a restart succeeds)
 
     def close(self) -> None:
         self._drop_compiled()

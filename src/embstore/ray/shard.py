@@ -48,6 +48,7 @@ class ShardServer:
         self.num_shards = num_shards
         self.incarnation = uuid.uuid4().hex
         self.restored_from: int | None = None
+        self.step: int | None = None  # the last set_step (None: not known here)
         self._pending: OrderedDict[int, Mapping[str, Routed]] = OrderedDict()
 
     @classmethod
@@ -72,11 +73,17 @@ class ShardServer:
 
     # -- training ------------------------------------------------------------------------
     def lookup(
-        self, token: int, batch: Mapping[str, Routed], insert: bool, exact: bool
+        self,
+        token: int,
+        batch: Mapping[str, Routed],
+        insert: bool,
+        exact: bool,
+        step: int | None = None,
     ) -> tuple[dict[str, npt.NDArray[np.float32]], int]:
         """Partial pooled sums of the bags this shard touches (or, ``exact``, each id's row),
-        per table; and the time taken (ns)."""
+        per table; and the time taken (ns). ``step``: the client's (see :meth:`at_step`)."""
         start = time.perf_counter_ns()
+        self.at_step(step)
         features = self.lookup_features(batch, exact)
         outs = self.group.lookup_sum(features, mode="sum", insert=insert) if features else {}
         self.looked_up(token, batch, insert)
@@ -114,12 +121,14 @@ class ShardServer:
         token: int | None,
         grads: Mapping[str, npt.NDArray[np.float32]],
         routed: Mapping[str, Routed],
+        step: int | None = None,
     ) -> int:
         """Applies the bag gradients ``grads`` (per table, a row for each bag of this shard's
         split) to the keys of the forward ``token`` (tables in ``routed`` bring their own
-        routed keys instead).
+        routed keys instead). ``step``: the client's (see :meth:`at_step`).
         Returns the time taken (ns)."""
         start = time.perf_counter_ns()
+        self.at_step(step)
         entries = self.apply_entries(token, grads, routed)
         if entries:
             self.group.apply_gradients(entries, mode="sum")
@@ -170,6 +179,13 @@ class ShardServer:
 
     def set_step(self, step: int) -> None:
         self.group.set_step(step)
+        self.step = step
+
+    def at_step(self, step: int | None) -> None:
+        """Takes the client's step before a training call, if this shard's differs: a shard
+        restarted from a checkpoint runs at the checkpoint's step until told otherwise."""
+        if step is not None and step != self.step:
+            self.set_step(step)
 
     def set_lr(self, name: str, lr: float) -> None:
         self.group[name].set_lr(lr)

@@ -8,6 +8,7 @@ forward's step token, and each shard applies the keys it kept.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -164,6 +165,9 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._unwaited: list[ApplyHandle] = []
         self._step = 0 if _source is None or _source.step is None else _source.step
         self._last_checkpoint_step: int | None = None if _source is None else _source.step
+        # restore="checkpoint": the step of the checkpoint committed in checkpoint_dir, the
+        # one a restarted shard reloads.
+        self._restart_step = _committed_step(self._checkpoint_dir)
         self._closed = False
         self._layers = _stats.Layers()
         # The directory of the last checkpoint committed by or loaded into this store with
@@ -295,7 +299,13 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         token = next(self._tokens)
         t1 = time.perf_counter_ns()
         calls = [
-            (token, {n: p.part(shard) for n, p in zip(names, plans, strict=True)}, insert, exact)
+            (
+                token,
+                {n: p.part(shard) for n, p in zip(names, plans, strict=True)},
+                insert,
+                exact,
+                self._step,
+            )
             for shard in range(self._num_shards)
         ]
         futures = list(enumerate(self._backend.submit_all("lookup", calls)))
@@ -401,6 +411,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
                 token,
                 _pool.shard_grads(full, split, shard),
                 {n: p.part(shard) for n, p in plans.items()},
+                self._step,
             )
             for shard in range(self._num_shards)
         ]
@@ -505,7 +516,8 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
 
     def health(self) -> list[dict[str, Any]]:
         """Per shard: ``{alive, restarts, last_checkpoint, lost_steps, rows}`` (and ``pid``)."""
-        return list(self._backend.health(self._last_checkpoint_step, self._step))
+        base = self._last_checkpoint_step if self._fail_stop else self._restart_step
+        return list(self._backend.health(base, self._step))
 
     # -- checkpoints ----------------------------------------------------------------------
     def save(self, directory: str | os.PathLike[str]) -> None:
@@ -525,8 +537,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._results(futures, "no")
         caps = {n: s.capacity for n, s in self._specs.items()}
         _sharded.write_manifest(directory, dirs, caps, self._step)
-        self._last_checkpoint_step = self._step
-        self._chain_dir = directory
+        self._committed(directory, self._step)
 
     def save_delta(self, directory: str | os.PathLike[str]) -> None:
         """Checkpoint only what changed since the last :meth:`save` or :meth:`save_delta`
@@ -553,8 +564,16 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         deltas = [list(save) for save in body["deltas"]] + [dirs]
         caps = {n: s.capacity for n, s in self._specs.items()}
         _sharded.write_manifest(directory, body["shards"], caps, self._step, deltas)
-        self._last_checkpoint_step = self._step
+        self._committed(directory, self._step)
+
+    def _committed(self, directory: str, step: int | None) -> None:
+        """A checkpoint at ``step`` committed in (or restored from) ``directory``."""
+        self._last_checkpoint_step = step
         self._chain_dir = directory
+        if self._checkpoint_dir is not None and os.path.abspath(directory) == os.path.abspath(
+            self._checkpoint_dir
+        ):
+            self._restart_step = step
 
     def _new_dirs(self) -> list[str]:
         save_id = uuid.uuid4().hex
@@ -585,15 +604,23 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
 
     def restore(self, directory: str | os.PathLike[str]) -> None:
         """Roll every shard back to the checkpoint committed in ``directory`` (after a lost
-        shard, or at any time); the store then takes calls again."""
+        shard, or at any time); the store then takes calls again. Applies sent with
+        ``wait=False`` are waited for first (their errors dropped: the rollback undoes them).
+        A checkpoint that cannot be loaded raises as :meth:`load` does; the local backend
+        then keeps its shards, Ray's has none left (calls raise ShardLostError until a
+        restore succeeds)."""
         source = _sharded.open_source(directory)
-        self._backend.restart(self._specs, source)
+        for handle in self._unwaited:  # before the restart discards what they applied
+            with contextlib.suppress(Exception):
+                handle.wait()
+        self._unwaited.clear()
+        self._backend.restart(self._specs, source)  # raises what loading it raised
         self._forwards.clear()
         self._pending.clear()
-        self._unwaited.clear()
         self._lost = None
-        self._last_checkpoint_step = source.step
-        self._chain_dir = source.directory if source.num_shards == self._num_shards else None
+        self._committed(source.directory, source.step)
+        if source.num_shards != self._num_shards:
+            self._chain_dir = None
         if source.step is not None:
             self._step = source.step
 
@@ -623,6 +650,16 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _committed_step(directory: str | None) -> int | None:
+    """The step of the checkpoint committed in ``directory``, or None (none there)."""
+    if directory is None or not os.path.exists(os.path.join(directory, _sharded.MANIFEST)):
+        return None
+    try:
+        return _sharded.open_source(directory).step
+    except CheckpointError:
+        return None
 
 
 def _uint64_keys(entry: tuple[Any, ...]) -> tuple[Any, ...]:
