@@ -219,3 +219,26 @@ def test_set_lr_changes_every_shards_learning_rate() -> None:
         with pytest.raises(KeyError, match="unknown table 'nope'"):
             store.set_lr("nope", 0.1)
         assert all(s.group["user"].optimizer.lr == 0.001 for s in store._backend.servers)
+
+
+def test_a_shard_sets_its_step_only_when_the_clients_differs() -> None:
+    """Each training call carries the client's step; a shard calls set_step only when its
+    tables' step differs (set_step turns on per-row step tracking, which makes every later
+    lookup take the locked path: a store that never sets steps must not pay for it)."""
+    from embstore.ray.shard import ShardServer
+
+    server = ShardServer.create(specs("sgd"), 0, 1)
+    calls: list[int] = []
+    real = server.group.set_step
+    server.group.set_step = lambda step: (calls.append(step), real(step))  # type: ignore[method-assign]
+    keys = np.array([1, 2, 3], dtype=np.uint64)
+    routed = {"user": (keys, np.array([0, 3], dtype=np.int64), None, None)}
+    for token in (1, 2):
+        server.lookup(token, routed, True, False, 0)
+        server.apply(token, {"user": np.ones((1, 5), np.float32)}, {}, 0)
+    assert calls == []  # a fresh shard is at step 0 already
+    server.lookup(3, routed, True, False, 7)
+    server.apply(3, {"user": np.ones((1, 5), np.float32)}, {}, 7)
+    assert calls == [7]
+    assert server.group["user"].step == 7
+    server.close()

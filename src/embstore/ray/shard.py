@@ -48,7 +48,10 @@ class ShardServer:
         self.num_shards = num_shards
         self.incarnation = uuid.uuid4().hex
         self.restored_from: int | None = None
-        self.step: int | None = None  # the last set_step (None: not known here)
+        # The tables' step (None if they differ). Only a change calls set_step: it turns on
+        # per-row step tracking, which a store that never sets steps should not pay for.
+        steps = {t.step for t in group.values()}
+        self.step: int | None = steps.pop() if len(steps) == 1 else None
         self._pending: OrderedDict[int, Mapping[str, Routed]] = OrderedDict()
 
     @classmethod
