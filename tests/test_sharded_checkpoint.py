@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from test_sharded import assert_same_rows, in_process, specs, train
+from test_sharded import assert_same_rows, batch, grads_of, in_process, specs, train
 
 import embstore
 from embstore import _sharded as _reshard
@@ -171,3 +171,39 @@ def test_save_delta_chains_load_bit_exact(tmp_path: os.PathLike[str], loaded: in
     for name in group:
         got, want = merged[name].export(), group[name].export()
         np.testing.assert_array_equal(np.sort(got["ids"]), np.sort(want["ids"]))
+
+
+def test_save_delta_refuses_a_checkpoint_another_store_replaced(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """A delta continues only the checkpoint this store committed: once another store has
+    saved into the directory, save_delta raises and that store's checkpoint stays whole."""
+    a, _, rng = _trained(2, "sgd", 2, 31)
+    b, b_group, _ = _trained(3, "sgd", 2, 32)
+    a.save(tmp_path)
+    b.save(tmp_path)
+    feats = batch(rng, weighted=False)
+    a.lookup_sum(feats)
+    a.apply_gradients(grads_of(rng, feats, {"user": 5, "item": 3}))
+    with pytest.raises(embstore.CheckpointError, match="no longer this store's last"):
+        a.save_delta(tmp_path)
+    with ShardedTableGroup.load(tmp_path, num_shards=2, backend="local") as back:
+        assert_same_rows(back, b_group)
+    b.save_delta(tmp_path)  # its own chain goes on
+    a.close()
+    b.close()
+
+
+def test_save_delta_continues_a_checkpoint_loaded_by_a_relative_path(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    store, group, rng = _trained(2, "adagrad", 2, 33)
+    store.save("ck")
+    store.close()
+    with ShardedTableGroup.load("ck", backend="local") as back:
+        train(back, group, rng, 1, "sum", weighted=False)
+        back.save_delta("ck")
+        back.restore("ck")
+        assert_same_rows(back, group)
+        back.save_delta("ck")

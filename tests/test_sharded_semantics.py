@@ -242,3 +242,34 @@ def test_a_shard_sets_its_step_only_when_the_clients_differs() -> None:
     assert calls == [7]
     assert server.group["user"].step == 7
     server.close()
+
+
+def test_stats_expose_the_merged_raw_histograms() -> None:
+    """stats()["raw"] holds the merged histograms its latency summaries come from, so
+    several clients' stats merge further into true percentiles."""
+    from embstore import metrics
+
+    rng = np.random.default_rng(16)
+    sp = specs("sgd")
+    stores = [ShardedTableGroup(sp, num_shards=2, backend="local") for _ in range(2)]
+    try:
+        for store in stores:
+            for _ in range(3):
+                feats = batch(rng, weighted=False)
+                store.lookup_sum(feats)
+                store.apply_gradients(grads_of(rng, feats, DIMS))
+        stats = [s.stats() for s in stores]
+        for st in stats:
+            for name, timers in st["raw"]["tables"].items():
+                for timer, snap in timers.items():
+                    got = metrics.summarize_histogram(snap)
+                    if got["count"]:  # timers nothing recorded are left out of the summary
+                        assert got == pytest.approx(st["tables"][name]["latency"][timer])
+            for layer, snap in st["raw"]["client"].items():
+                assert metrics.summarize_histogram(snap) == pytest.approx(st["client"][layer])
+        both = metrics.merge_histograms([st["raw"]["client"]["client.route"] for st in stats])
+        summary = metrics.summarize_histogram(both)
+        assert summary["count"] == sum(st["client"]["client.route"]["count"] for st in stats)
+    finally:
+        for s in stores:
+            s.close()

@@ -42,6 +42,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from embstore import _core
@@ -60,10 +61,12 @@ __all__ = [
     "Timer",
     "enable",
     "enabled",
+    "merge_histograms",
     "prometheus_text",
     "register_prometheus_collector",
     "report_lines",
     "reset",
+    "summarize_histogram",
 ]
 
 _tables: weakref.WeakSet[_Tracked] = weakref.WeakSet()
@@ -214,6 +217,18 @@ _COUNTERS = (
     ("capacity", "gauge", "most rows the table holds"),
     ("arena_bytes_in_use", "gauge", "bytes of arena rows ever claimed"),
 )
+
+
+def merge_histograms(parts: Sequence[Any]) -> Any:
+    """Latency histogram snapshots (``ShardedTableGroup.stats()["raw"]`` entries, say of
+    several trainers' stores) added bucket by bucket: one snapshot."""
+    return _core.merge_histograms(list(parts))
+
+
+def summarize_histogram(snapshot: Any) -> dict[str, Any]:
+    """A histogram snapshot's count, mean, percentiles and max, as in
+    ``Table.stats()["latency"]``."""
+    return dict(_core.summarize_histograms(_core.HistogramSnapshot(), snapshot))
 
 
 def _label(value: str) -> str:

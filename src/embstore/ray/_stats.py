@@ -53,15 +53,19 @@ class Layers:
                 h = self._hists.setdefault(name, _core.LatencyHistogram())
         h.record(max(0, int(ns)))
 
-    def summaries(self) -> dict[str, dict[str, float]]:
+    def snapshots(self) -> dict[str, _core.HistogramSnapshot]:
         with self._lock:
-            hists = {n: [h.snapshot()] for n, h in self._hists.items()}
-        return _summaries(hists)
+            return {n: h.snapshot() for n, h in self._hists.items()}
+
+    def summaries(self) -> dict[str, dict[str, float]]:
+        return _summaries({n: [snap] for n, snap in self.snapshots().items()})
 
 
 def merge(per_shard: Sequence[dict[str, Any]], layers: Layers) -> dict[str, Any]:
     """``{"tables": {name: summed counters + merged "latency"}, "client": {layer: summary},
-    "shards": [each shard's Table.stats() per table]}``."""
+    "shards": [each shard's Table.stats() per table], "raw": {"tables": {name: {timer:
+    merged histogram}}, "client": {layer: histogram}}}`` (raw: picklable snapshots, to
+    merge further, e.g. over several trainers' clients)."""
     tables: dict[str, dict[str, Any]] = {}
     hists: dict[str, dict[str, list[_core.HistogramSnapshot]]] = {}
     for shard_stats in per_shard:
@@ -79,8 +83,16 @@ def merge(per_shard: Sequence[dict[str, Any]], layers: Layers) -> dict[str, Any]
                 hists.setdefault(name, {}).setdefault(timer, []).append(snap)
     for name, acc in tables.items():
         acc["latency"] = _summaries(hists.get(name, {}))
+    client = layers.snapshots()
     return {
         "tables": tables,
-        "client": layers.summaries(),
+        "client": _summaries({n: [snap] for n, snap in client.items()}),
         "shards": [s["tables"] for s in per_shard],
+        "raw": {
+            "tables": {
+                name: {t: _core.merge_histograms(parts) for t, parts in timers.items()}
+                for name, timers in hists.items()
+            },
+            "client": client,
+        },
     }

@@ -171,10 +171,12 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._closed = False
         self._layers = _stats.Layers()
         # The directory of the last checkpoint committed by or loaded into this store with
-        # its shard count unchanged: where save_delta continues the chain.
-        self._chain_dir = (
-            _source.directory if _source is not None and _source.num_shards == num_shards else None
-        )
+        # its shard count unchanged, and that checkpoint's manifest (its shard and delta
+        # directories): where save_delta continues the chain, if nothing replaced it since.
+        self._chain_dir: str | None = None
+        self._chain_manifest: tuple[Any, ...] | None = None
+        if _source is not None and _source.num_shards == num_shards:
+            self._chain_from(_source.directory)
         if _backend is not None:
             self._backend = _backend
         elif backend == "local":
@@ -500,7 +502,10 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         added bucket by bucket (then summarised as ``Table.stats()["latency"]``); ``client``:
         this client's layers (``client.route``, ``client.rpc.lookup_sum``,
         ``client.rpc.apply``, ``client.reduce``, and the shards' own ``shard.lookup_sum``
-        and ``shard.apply`` times); ``shards``: each shard's ``Table.stats()`` per table."""
+        and ``shard.apply`` times); ``shards``: each shard's ``Table.stats()`` per table;
+        ``raw``: the merged histograms themselves (``raw["tables"][name][timer]``,
+        ``raw["client"][layer]``: picklable ``HistogramSnapshot``s, to merge further with
+        ``embstore.metrics.merge_histograms``)."""
         return _stats.merge(self._broadcast("stats"), self._layers)
 
     def prometheus_text(self) -> str:
@@ -553,6 +558,12 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
                 "there (call save(directory) first)"
             )
             raise CheckpointError(msg)
+        if _manifest_key(body) != self._chain_manifest:
+            msg = (
+                f"{directory}: the checkpoint committed there is no longer this store's last "
+                "(another store saved there since): call save(directory)"
+            )
+            raise CheckpointError(msg)
         dirs = self._new_dirs()
         self._chain_dir = None
         self._usable()
@@ -569,11 +580,17 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
     def _committed(self, directory: str, step: int | None) -> None:
         """A checkpoint at ``step`` committed in (or restored from) ``directory``."""
         self._last_checkpoint_step = step
-        self._chain_dir = directory
-        if self._checkpoint_dir is not None and os.path.abspath(directory) == os.path.abspath(
+        self._chain_from(directory)
+        if self._checkpoint_dir is not None and self._chain_dir == os.path.abspath(
             self._checkpoint_dir
         ):
             self._restart_step = step
+
+    def _chain_from(self, directory: str) -> None:
+        """save_delta continues from the checkpoint committed in ``directory`` now."""
+        self._chain_dir = os.path.abspath(directory)
+        body = _sharded.read_body(self._chain_dir)
+        self._chain_manifest = None if body is None else _manifest_key(body)
 
     def _new_dirs(self) -> list[str]:
         save_id = uuid.uuid4().hex
@@ -650,6 +667,12 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _manifest_key(body: dict[str, Any]) -> tuple[Any, ...]:
+    """What tells one committed sharded checkpoint from another in the same directory: its
+    shard directories and delta directories (each save names new ones)."""
+    return (tuple(body["shards"]), tuple(tuple(d) for d in body.get("deltas", [])))
 
 
 def _committed_step(directory: str | None) -> int | None:
