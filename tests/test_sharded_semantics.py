@@ -5,6 +5,7 @@ and several clients sharing the shards."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,9 @@ import pytest
 from test_sharded import assert_same_rows, batch, grads_of, in_process, specs
 
 import embstore
-from embstore.ray import ShardedTableGroup, TableSpec
+from embstore import _sharded
+from embstore.ray import ShardedTableGroup, TableSpec, _pool
+from embstore.ray._local import Done, LocalBackend
 from embstore.ray.shard import MAX_PENDING
 
 DIMS = {"user": 5, "item": 3}
@@ -145,6 +148,15 @@ def test_keys_rewritten_between_forward_and_apply_are_applied_as_given() -> None
         store.apply_gradients(g3)
         group.apply_gradients(g3)
         assert_same_rows(store, group)
+        # An id XORed with CRC-32's polynomial: what a CRC of the batch could not tell apart.
+        last = {"item": (np.array([5, 9], np.uint64), np.array([0, 2], np.int64))}
+        store.lookup_sum(last)
+        group.lookup_sum(last)
+        other = (np.array([5 ^ 0x1DB710641, 9], np.uint64), last["item"][1])
+        g4 = grads_of(rng, {"item": other}, DIMS)
+        store.apply_gradients(g4)
+        group.apply_gradients(g4)
+        assert_same_rows(store, group)
 
 
 def test_apply_of_a_forward_the_shards_dropped_is_routed_afresh() -> None:
@@ -273,3 +285,114 @@ def test_stats_expose_the_merged_raw_histograms() -> None:
     finally:
         for s in stores:
             s.close()
+
+
+class PerShard(LocalBackend):
+    """Each shard's call on its own, as Ray's actors run them (ShardServer.lookup/apply):
+    a shard may fail while the others succeed, and each takes the client's step."""
+
+    def submit_all(self, method: str, calls: Any) -> list[Done]:
+        return [
+            Done(lambda s=s, a=a: getattr(s, method)(*a))
+            for s, a in zip(self.servers, calls, strict=True)
+        ]
+
+
+def test_a_plain_group_checkpoint_keeps_its_step_on_every_shard(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """A TableGroup checkpoint records no store step: its tables keep their own, and the
+    client does not push 0 onto the shards (rows used now must not look old)."""
+    g = embstore.TableGroup({"a": embstore.Table(2, 100, optimizer=embstore.SGD(lr=0.1))})
+    g.set_step(50)
+    g.lookup_sum({"a": (np.arange(10, dtype=np.uint64), np.arange(11))})
+    g.save(tmp_path)
+    source = _sharded.open_source(tmp_path)
+    sp = _sharded.specs_of(source)
+    with ShardedTableGroup(
+        sp, num_shards=2, backend="local", _source=source, _backend=PerShard(sp, 2, source)
+    ) as store:
+        store.lookup_sum({"a": (np.arange(3, dtype=np.uint64), np.arange(4))})
+        assert [s.group["a"].step for s in store._backend.servers] == [50, 50]
+        assert store.evict(older_than=40)["a"]["ids"].shape[0] == 0
+        store.set_step(60)
+        store.lookup_sum({"a": (np.arange(3, dtype=np.uint64), np.arange(4))})
+        assert [s.group["a"].step for s in store._backend.servers] == [60, 60]
+
+
+def test_a_forward_that_fails_on_one_shard_is_dropped_by_all() -> None:
+    """A training lookup that one shard refuses leaves no orphan forward on the others: it
+    would count towards their MAX_PENDING, and they would drop a forward the client still
+    counts as held (its apply then raised StaleStepError on a shard after another applied)."""
+    names = [f"t{i}" for i in range(MAX_PENDING + 1)]
+    sp = {n: TableSpec(dim=2, capacity=1000, optimizer=embstore.SGD(lr=0.1)) for n in names}
+    sp["small"] = TableSpec(dim=2, capacity=16, optimizer=embstore.SGD(lr=0.1), eviction="none")
+    group = in_process(sp)
+    store = ShardedTableGroup(sp, num_shards=2, backend="local", _backend=PerShard(sp, 2))
+    one = (np.array([1], np.uint64), np.array([0, 1], np.int64))
+    with store:
+        store.lookup_sum({"t0": one})
+        group.lookup_sum({"t0": one})
+        keys = np.arange(1, 200, dtype=np.uint64)
+        (plan,) = _pool.route(["small"], [(keys, np.array([0, 199]), None, None)], 2, mean=False)
+        bad = np.concatenate(
+            [plan.keys[: plan.key_start[1]][:40], plan.keys[plan.key_start[1] :][:2]]
+        )
+        with pytest.raises(embstore.CapacityError):  # shard 0 overflows, shard 1 does not
+            store.lookup_sum({"small": (bad, np.array([0, bad.shape[0]]))})
+        assert all(len(s._pending) == 1 for s in store._backend.servers)
+        for name in names[1:MAX_PENDING]:
+            store.lookup_sum({name: one})
+            group.lookup_sum({name: one})
+        g = {"t0": (*one, np.ones((1, 2), np.float32))}
+        store.apply_gradients(g)
+        group.apply_gradients(g)
+        for name in names[:MAX_PENDING]:
+            a, b = store.export(name), group[name].export()
+            np.testing.assert_array_equal(a["values"], b["values"])
+
+
+def test_a_failed_restore_reports_the_unwaited_applies_errors(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """restore() waits for applies sent with wait=False; when the checkpoint does not load,
+    nothing is rolled back, so their errors are reported with the restore's own."""
+    rng = np.random.default_rng(19)
+    with ShardedTableGroup(specs("sgd"), num_shards=2, backend="local") as store:
+        feats = batch(rng, weighted=False)
+        store.lookup_sum(feats)
+        store.save(tmp_path)
+        victim = next(p for p in sorted(Path(tmp_path).glob("shard-00001*/*")) if p.is_file())
+        with open(victim, "r+b") as f:
+            f.seek(100)
+            f.write(b"\xff" * 16)
+        for server in store._backend.servers:
+            server._pending.clear()  # as after a restart: the apply will raise StaleStepError
+        handle = store.apply_gradients(grads_of(rng, feats, DIMS), wait=False)
+        assert handle is not None
+        with pytest.raises(embstore.CheckpointError) as info:
+            store.restore(tmp_path)
+        assert any("StaleStepError" in note for note in getattr(info.value, "__notes__", []))
+        store.lookup_sum(feats, insert=False)  # the local backend kept its shards
+
+
+def test_a_restarted_shard_takes_the_clients_learning_rate(tmp_path: os.PathLike[str]) -> None:
+    """Each training call carries the rates set_lr changed, so a shard rebuilt from its spec
+    or a checkpoint (as Ray restarts it) takes them; restore() rolls them back."""
+    from embstore.ray.shard import ShardServer
+
+    rng = np.random.default_rng(20)
+    sp = specs("sgd")
+    with ShardedTableGroup(sp, num_shards=2, backend="local", _backend=PerShard(sp, 2)) as store:
+        store.save(tmp_path)
+        store.set_lr("user", 0.003)
+        old = store._backend.servers[0]
+        store._backend.servers[0] = ShardServer.create(sp, 0, 2)  # as if Ray restarted it
+        old.close()
+        assert store._backend.servers[0].group["user"].optimizer.lr == 0.1
+        feats = batch(rng, weighted=False)
+        store.lookup_sum(feats)
+        assert [s.group["user"].optimizer.lr for s in store._backend.servers] == [0.003] * 2
+        store.restore(tmp_path)
+        store.lookup_sum(feats)
+        assert [s.group["user"].optimizer.lr for s in store._backend.servers] == [0.1] * 2

@@ -3,7 +3,6 @@
 #include <algorithm>  // std::min
 #include <cstring>    // std::memcpy, std::memset
 
-#include "embstore/internal/crc32.hpp"  // crc32
 #include "embstore/thread_pool.hpp"  // ThreadPool
 #include "embstore/validate.hpp"     // validate_offsets, validate_finite
 
@@ -15,21 +14,6 @@ void validate_route_requests(const std::vector<RouteRequest>& requests) {
     if (r.grads != nullptr) validate_finite(r.grads, r.num_bags * r.dim, "grads", r.label);
     if (r.weights != nullptr) validate_finite(r.weights, r.n, "weights", r.label);
   }
-}
-
-uint32_t batch_fingerprint(const RouteRequest& r) {
-  uint32_t crc = internal::crc32(r.keys, r.n * sizeof(uint64_t));
-  crc = internal::crc32(r.offsets, (r.num_bags + 1) * sizeof(int64_t), crc);
-  if (r.weights != nullptr) crc = internal::crc32(r.weights, r.n * sizeof(float), crc);
-  return crc;
-}
-
-std::vector<uint32_t> batch_fingerprints(const std::vector<RouteRequest>& requests,
-                                         size_t workers) {
-  std::vector<uint32_t> out(requests.size());
-  ThreadPool::global().run(requests.size(), workers,
-                           [&](size_t k) { out[k] = batch_fingerprint(requests[k]); });
-  return out;
 }
 
 namespace {

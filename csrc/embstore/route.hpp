@@ -43,13 +43,6 @@ struct RouteRequest {
 // request; throws the first error, exactly as the batch call would.
 void validate_route_requests(const std::vector<RouteRequest>& requests);
 
-// A checksum of a valid request's keys, offsets and weights (CRC-32 of their bytes, in that
-// order): it lets a client recognise the batch of a forward it kept no copy of in an apply,
-// even when the caller rewrote the same arrays in between.
-uint32_t batch_fingerprint(const RouteRequest& request);
-// batch_fingerprint of every request, one task each on up to `workers` threads.
-std::vector<uint32_t> batch_fingerprints(const std::vector<RouteRequest>& requests, size_t workers);
-
 // A request split by route, in two passes so the caller can allocate the outputs between
 // them (count_routes, then fill_routes). Route r holds the ids at positions
 // order[key_start[r]:key_start[r+1]] of the request (in request order) and its bags,

@@ -129,20 +129,20 @@ SplitArrays split_arrays(size_t num_keys, size_t num_bags, size_t num_offsets, b
 }
 
 // The plan tuple of a split (see route_batches); bags and offsets cut to what it used.
-py::tuple plan_of(const SplitArrays& a, const embstore::RouteCounts& c, uint32_t fingerprint) {
+py::tuple plan_of(const SplitArrays& a, const embstore::RouteCounts& c) {
   const auto head = [](const py::array& v, size_t n) {
     return v.attr("__getitem__")(py::slice(0, static_cast<py::ssize_t>(n), 1));
   };
   return py::make_tuple(a.order, a.keys, a.weights, a.coef, copy_of(c.key_start),
                         head(a.bags, c.num_bags()), copy_of(c.bag_start),
-                        head(a.offsets, c.num_offsets()), fingerprint);
+                        head(a.offsets, c.num_offsets()));
 }
 
 // Validates every batch as a group call would (the first error, in order), then splits each
 // by route. Returns per batch (order | None, keys, weights | None, coef | None, key_start,
-// bags, bag_start, offsets, fingerprint): see embstore::RoutePlan; `order` only when asked
-// for (only an exact lookup reads it). The list holds the arrays alive meanwhile. Without
-// `split`: each batch's fingerprint only (embstore::batch_fingerprint).
+// bags, bag_start, offsets): see embstore::RoutePlan; `order` only when asked for (only an
+// exact lookup reads it). The list holds the arrays alive meanwhile. Without `split`: the
+// checks only, and None.
 // Two routes with bags of several ids take one pass into outputs of the largest size
 // (split_two_routes); others count first, then scatter into outputs of the exact size.
 py::object route_batches(const py::list& batches, const std::vector<std::string>& labels,
@@ -166,20 +166,18 @@ py::object route_batches(const py::list& batches, const std::vector<std::string>
   thread_local std::vector<uint32_t> route;  // reused: no page faults per batch
   if (split && !one_pass && route.size() < total) route.resize(total);
   std::vector<embstore::RouteCounts> counts;
-  std::vector<uint32_t> fingerprints;
   size_t workers = 1;
   {
     py::gil_scoped_release release;
     embstore::validate_route_requests(requests);
-    workers = embstore::route_workers(requests);
-    fingerprints = embstore::batch_fingerprints(requests, workers);
+    if (split) workers = embstore::route_workers(requests);
     if (one_pass) {
       counts = embstore::split_two_routes_many(requests, salt, outputs, workers);
     } else if (split) {
       counts = embstore::count_routes_many(requests, num_routes, salt, route.data(), workers);
     }
   }
-  if (!split) return py::cast(fingerprints);
+  if (!split) return py::none();
   if (!one_pass) {
     for (size_t k = 0; k < R; ++k) {
       const embstore::RouteCounts& c = counts[k];
@@ -191,7 +189,7 @@ py::object route_batches(const py::list& batches, const std::vector<std::string>
     embstore::fill_routes_many(requests, route.data(), counts, outputs, workers);
   }
   py::list out;
-  for (size_t k = 0; k < R; ++k) out.append(plan_of(arrays[k], counts[k], fingerprints[k]));
+  for (size_t k = 0; k < R; ++k) out.append(plan_of(arrays[k], counts[k]));
   return std::move(out);
 }
 

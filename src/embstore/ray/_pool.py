@@ -26,14 +26,12 @@ F32 = npt.NDArray[np.float32]
 
 
 class Plan:
-    """One table's batch split by shard (see ``embstore::RoutePlan``), and the checksum of
-    the batch it split (``fingerprint``: see :func:`check`)."""
+    """One table's batch split by shard (see ``embstore::RoutePlan``)."""
 
     __slots__ = (
         "bag_start",
         "bags",
         "coef",
-        "fingerprint",
         "key_start",
         "keys",
         "offsets",
@@ -51,7 +49,6 @@ class Plan:
             self.bags,
             self.bag_start,
             self.offsets,
-            self.fingerprint,
         ) = arrays
 
     def part(self, shard: int) -> tuple[Any, ...]:
@@ -77,15 +74,12 @@ def route(
     whether the plans keep each id's position in its batch (``Plan.order``; only an exact
     lookup needs it), else ``Plan.order`` is None."""
     out = _core.route_batches(list(batches), list(names), num_shards, SALT, mean, True, order)
-    return [Plan(a) for a in out]
+    return [Plan(a) for a in out or ()]
 
 
-def check(names: Sequence[str], batches: Sequence[tuple[Any, ...]], *, mean: bool) -> list[int]:
-    """Validates ``batches`` as :func:`route` does, without splitting them; returns each
-    batch's fingerprint, a CRC-32 of its keys, offsets and weights (a plan of the same
-    batch has the same ``fingerprint``)."""
-    out: list[int] = _core.route_batches(list(batches), list(names), 1, SALT, mean, False)
-    return out
+def check(names: Sequence[str], batches: Sequence[tuple[Any, ...]], *, mean: bool) -> None:
+    """Validates ``batches`` as :func:`route` does, without splitting them."""
+    _core.route_batches(list(batches), list(names), 1, SALT, mean, False)
 
 
 def shard_grads(grads: dict[str, F32], plans: dict[str, Plan], shard: int) -> dict[str, F32]:

@@ -52,6 +52,7 @@ class ShardServer:
         # per-row step tracking, which a store that never sets steps should not pay for.
         steps = {t.step for t in group.values()}
         self.step: int | None = steps.pop() if len(steps) == 1 else None
+        self._lrs: dict[str, float] = {}  # set_lr calls this shard has had
         self._pending: OrderedDict[int, Mapping[str, Routed]] = OrderedDict()
 
     @classmethod
@@ -82,11 +83,13 @@ class ShardServer:
         insert: bool,
         exact: bool,
         step: int | None = None,
+        lrs: Mapping[str, float] | None = None,
     ) -> tuple[dict[str, npt.NDArray[np.float32]], int]:
         """Partial pooled sums of the bags this shard touches (or, ``exact``, each id's row),
-        per table; and the time taken (ns). ``step``: the client's (see :meth:`at_step`)."""
+        per table; and the time taken (ns). ``step``, ``lrs``: the client's (see
+        :meth:`at_step`)."""
         start = time.perf_counter_ns()
-        self.at_step(step)
+        self.at_step(step, lrs)
         features = self.lookup_features(batch, exact)
         outs = self.group.lookup_sum(features, mode="sum", insert=insert) if features else {}
         self.looked_up(token, batch, insert)
@@ -119,19 +122,24 @@ class ShardServer:
         while len(pending) > MAX_PENDING_ALL:
             pending.popitem(last=False)
 
+    def forget(self, token: int) -> None:
+        """Drops the forward ``token`` (its lookup failed on another shard)."""
+        self._pending.pop(token, None)
+
     def apply(
         self,
         token: int | None,
         grads: Mapping[str, npt.NDArray[np.float32]],
         routed: Mapping[str, Routed],
         step: int | None = None,
+        lrs: Mapping[str, float] | None = None,
     ) -> int:
         """Applies the bag gradients ``grads`` (per table, a row for each bag of this shard's
         split) to the keys of the forward ``token`` (tables in ``routed`` bring their own
-        routed keys instead). ``step``: the client's (see :meth:`at_step`).
+        routed keys instead). ``step``, ``lrs``: the client's (see :meth:`at_step`).
         Returns the time taken (ns)."""
         start = time.perf_counter_ns()
-        self.at_step(step)
+        self.at_step(step, lrs)
         entries = self.apply_entries(token, grads, routed)
         if entries:
             self.group.apply_gradients(entries, mode="sum")
@@ -184,14 +192,19 @@ class ShardServer:
         self.group.set_step(step)
         self.step = step
 
-    def at_step(self, step: int | None) -> None:
-        """Takes the client's step before a training call, if this shard's differs: a shard
-        restarted from a checkpoint runs at the checkpoint's step until told otherwise."""
+    def at_step(self, step: int | None, lrs: Mapping[str, float] | None = None) -> None:
+        """Takes the client's step and learning rates (those set since the store was built
+        or restored) before a training call, where this shard's differ: a shard restarted
+        from a checkpoint runs at the checkpoint's until told otherwise."""
         if step is not None and step != self.step:
             self.set_step(step)
+        for name, lr in (lrs or {}).items():
+            if self._lrs.get(name) != lr:
+                self.set_lr(name, lr)
 
     def set_lr(self, name: str, lr: float) -> None:
         self.group[name].set_lr(lr)
+        self._lrs[name] = lr
 
     def evict(self, older_than: int) -> dict[str, dict[str, np.ndarray]]:
         return {n: t.evict(older_than=older_than) for n, t in self.group.items()}

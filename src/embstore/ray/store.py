@@ -39,27 +39,31 @@ _RESTORE = ("fail", "checkpoint")
 
 class _Forward:
     """What the client keeps of a training forward for one table, to recognise its apply:
-    the batch's sizes and checksum (not the arrays, which the caller may rewrite)."""
+    copies of its ids, offsets and weights (the caller may rewrite its own arrays in between,
+    a reused loader buffer say) and its split."""
 
-    __slots__ = ("code", "num_keys", "num_offsets", "plan", "token", "weighted")
+    __slots__ = ("batch", "code", "plan", "token")
 
     def __init__(self, token: int, checked: tuple[Any, ...], code: int, plan: _pool.Plan) -> None:
         self.token = token
         self.code = code
         self.plan = plan
-        self.num_keys = checked[0].shape[0]
-        self.num_offsets = checked[1].shape[0]
-        self.weighted = len(checked) == 3
+        self.batch = tuple(a.copy() for a in checked)
 
-    def matches(self, checked: tuple[Any, ...], fingerprint: int, code: int) -> bool:
-        """Whether an apply's checked entry (keys, offsets, grads[, weights]) with this
-        fingerprint is this forward's batch, in the same mode."""
+    def matches(self, checked: tuple[Any, ...], code: int) -> bool:
+        """Whether an apply's checked entry (keys, offsets, grads[, weights]) is this
+        forward's batch, bit for bit, in the same mode."""
+        want = self.batch
+        weights = checked[3:]
         return (
             code == self.code
-            and fingerprint == self.plan.fingerprint
-            and (len(checked) == 4) == self.weighted
-            and checked[0].shape[0] == self.num_keys
-            and checked[1].shape[0] == self.num_offsets
+            and len(weights) == len(want) - 2
+            and np.array_equal(checked[0], want[0])
+            and np.array_equal(checked[1], want[1])
+            and all(
+                np.array_equal(w.view(np.uint32), v.view(np.uint32))
+                for w, v in zip(weights, want[2:], strict=True)
+            )
         )
 
 
@@ -164,6 +168,10 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._fail_stop = restore == "fail"  # a lost shard stops the store until restore()
         self._unwaited: list[ApplyHandle] = []
         self._step = 0 if _source is None or _source.step is None else _source.step
+        # Whether the shards' step is this client's: not after loading a plain TableGroup
+        # checkpoint (its tables keep their own step) until set_step.
+        self._step_known = _source is None or _source.step is not None
+        self._lrs: dict[str, float] = {}  # set_lr since the store was built or restored
         self._last_checkpoint_step: int | None = None if _source is None else _source.step
         # restore="checkpoint": the step of the checkpoint committed in checkpoint_dir, the
         # one a restarted shard reloads.
@@ -306,12 +314,18 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
                 {n: p.part(shard) for n, p in zip(names, plans, strict=True)},
                 insert,
                 exact,
-                self._step,
+                self._shard_step(),
+                self._lrs or None,
             )
             for shard in range(self._num_shards)
         ]
         futures = list(enumerate(self._backend.submit_all("lookup", calls)))
-        answers = self._results(futures, "no")
+        try:
+            answers = self._results(futures, "no")
+        except BaseException:
+            if insert:  # shards that ran it keep the forward: make them drop it
+                self._forget(token)
+            raise
         t2 = time.perf_counter_ns()
         outs = self._reduce(names, plans, checked, answers, code == 1, exact)
         if insert:
@@ -374,21 +388,15 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         names, checked = self._checked(grads, "grads", _arrays.apply_entry)
         batches = [(c[0], c[1], c[3] if len(c) == 4 else None, c[2]) for c in checked]
         t0 = time.perf_counter_ns()
-        fingerprints = _pool.check(names, batches, mean=code == 1)
-        self._layers.record("client.validate", time.perf_counter_ns() - t0)
+        _pool.check(names, batches, mean=code == 1)
         self._usable()
-        token: int | None = None
-        reroute: list[int] = []
-        for k, (name, c) in enumerate(zip(names, checked, strict=True)):
-            fwd = self._forwards.get(name)
-            if (
-                fwd is not None
-                and (token is None or fwd.token == token)
-                and fwd.matches(c, fingerprints[k], code)
-            ):
-                token = fwd.token
-            else:
-                reroute.append(k)
+        token = self._matching_token(names, checked, code)
+        self._layers.record("client.validate", time.perf_counter_ns() - t0)
+        reroute = [
+            k
+            for k, name in enumerate(names)
+            if token is None or (f := self._forwards.get(name)) is None or f.token != token
+        ]
         if token is not None:  # the shards consume these tables of the forward
             self._consume_forward(token, set(names) - {names[k] for k in reroute})
         plans = {}
@@ -413,7 +421,8 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
                 token,
                 _pool.shard_grads(full, split, shard),
                 {n: p.part(shard) for n, p in plans.items()},
-                self._step,
+                self._shard_step(),
+                self._lrs or None,
             )
             for shard in range(self._num_shards)
         ]
@@ -424,6 +433,29 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
             return handle
         handle.wait()
         return None
+
+    def _matching_token(
+        self, names: list[str], checked: list[tuple[Any, ...]], code: int
+    ) -> int | None:
+        """The step token of the held forward an apply continues: that of the first table
+        whose batch is exactly its forward's; then only that forward's tables match. The
+        others (token None: every table) are routed afresh. Tables whose forward it is but
+        whose batch differs are dropped from the forward here."""
+        token = None
+        differ = []
+        for name, c in zip(names, checked, strict=True):
+            fwd = self._forwards.get(name)
+            if fwd is None or (token is not None and fwd.token != token):
+                continue
+            if fwd.matches(c, code):
+                token = fwd.token
+            else:
+                differ.append(name)
+        for name in differ:  # a table of this forward whose batch differs is routed
+            fwd = self._forwards[name]
+            if token is not None and fwd.token == token:
+                del self._forwards[name]
+        return token
 
     def _keep_forward(self, token: int, names: list[str]) -> None:
         """Records a training forward the shards now hold; past MAX_PENDING of this client's,
@@ -436,6 +468,15 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
                 fwd = self._forwards.get(name)
                 if fwd is not None and fwd.token == old:
                     del self._forwards[name]
+
+    def _forget(self, token: int) -> None:
+        """Best effort: every shard still alive drops the forward ``token`` (it failed
+        somewhere, so this client never applies it and must not count it as held)."""
+        if self._lost is not None:
+            return
+        futures = [(k, self._backend.submit(k, "forget", token)) for k in range(self._num_shards)]
+        with contextlib.suppress(Exception):
+            self._results(futures, "no")
 
     def _consume_forward(self, token: int, names: set[str]) -> None:
         tables = self._pending.get(token)
@@ -460,18 +501,24 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
             raise ValueError(msg)
         self._broadcast("set_step", int(step))
         self._step = int(step)
+        self._step_known = True
+
+    def _shard_step(self) -> int | None:
+        """The step each training call carries (a restarted shard takes it), if known."""
+        return self._step if self._step_known else None
 
     def set_lr(self, name: str, lr: float) -> None:
         """``Table.set_lr(lr)`` of table ``name`` on every shard: the learning rate
         (``alpha`` for FTRL) of every later call. ``store[name]`` stays the spec the store
-        was built with; a shard restored from a checkpoint takes the checkpoint's rate (call
-        this again after :meth:`restore`)."""
+        was built with. A shard Ray restarts takes it again at its next training call;
+        :meth:`restore` rolls the rates back to the checkpoint's (call this again after)."""
         self._dim(name)
         lr = float(lr)
         if not math.isfinite(lr) or lr <= 0.0:
             msg = f"lr must be a positive finite number, got {lr!r}"
             raise ValueError(msg)
         self._broadcast("set_lr", name, lr)
+        self._lrs[name] = lr  # each training call carries them (a restarted shard takes them)
 
     def evict(self, *, older_than: int) -> dict[str, dict[str, np.ndarray]]:
         """``Table.evict(older_than=)`` on every shard; the removed rows per table (ids and
@@ -627,19 +674,29 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         then keeps its shards, Ray's has none left (calls raise ShardLostError until a
         restore succeeds)."""
         source = _sharded.open_source(directory)
+        errors: list[BaseException] = []
         for handle in self._unwaited:  # before the restart discards what they applied
-            with contextlib.suppress(Exception):
+            try:
                 handle.wait()
+            except Exception as e:  # noqa: BLE001  (reported below if nothing is rolled back)
+                errors.append(e)
         self._unwaited.clear()
-        self._backend.restart(self._specs, source)  # raises what loading it raised
+        try:
+            self._backend.restart(self._specs, source)  # raises what loading it raised
+        except BaseException as e:
+            for err in errors:  # the shards kept those applies' effects (local backend)
+                e.add_note(f"an apply sent with wait=False before restore() failed: {err!r}")
+            raise
         self._forwards.clear()
         self._pending.clear()
+        self._lrs.clear()
         self._lost = None
         self._committed(source.directory, source.step)
         if source.num_shards != self._num_shards:
             self._chain_dir = None
         if source.step is not None:
             self._step = source.step
+        self._step_known = source.step is not None
 
     @classmethod
     def attach(cls, name: str) -> ShardedTableGroup:
