@@ -303,3 +303,17 @@ def test_reduce_partials_converts_parts_to_contiguous_float32() -> None:
     (out,) = _pool.reduce_partials([(2, 2, [(None, part)])])
     assert out.dtype == np.float32
     np.testing.assert_array_equal(out, part.astype(np.float32))
+
+
+def test_same_bytes_compares_whole_buffers() -> None:
+    a = np.arange(10, dtype=np.uint64)
+    assert _core.same_bytes(a, a.copy())
+    assert _core.same_bytes(a[:0], np.empty(0, np.float32))
+    assert not _core.same_bytes(a, a[:9])
+    b = a.copy()
+    b[9] += np.uint64(1)
+    assert not _core.same_bytes(a, b)
+    w = np.array([0.0], np.float32)
+    assert not _core.same_bytes(w, -w)  # bits, not values
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _core.same_bytes(a[::2], a[:5])

@@ -11,6 +11,7 @@
 
 #include <algorithm>  // std::copy, std::max
 #include <cstdint>    // uint64_t, int64_t
+#include <cstring>    // std::memcmp
 #include <string>   // std::string
 #include <utility>  // std::move, std::pair
 #include <vector>   // std::vector
@@ -193,6 +194,26 @@ py::object route_batches(const py::list& batches, const std::vector<std::string>
   return std::move(out);
 }
 
+// Whether two C-contiguous buffers hold the same bytes (memcmp; numpy's array_equal builds
+// an array of booleans first): how the sharded client compares an apply's batch with the
+// copy it kept of its forward's.
+bool same_bytes(const py::buffer& a, const py::buffer& b) {
+  const py::buffer_info x = a.request(), y = b.request();
+  const auto contiguous = [](const py::buffer_info& i) {
+    py::ssize_t stride = i.itemsize;
+    for (py::ssize_t d = i.ndim - 1; d >= 0; --d) {
+      if (i.shape[d] > 1 && i.strides[d] != stride) return false;
+      stride *= i.shape[d];
+    }
+    return true;
+  };
+  if (!contiguous(x) || !contiguous(y)) throw py::value_error("same_bytes: not C-contiguous");
+  const size_t n = static_cast<size_t>(x.size * x.itemsize);
+  if (n != static_cast<size_t>(y.size * y.itemsize)) return false;
+  py::gil_scoped_release release;
+  return n == 0 || std::memcmp(x.ptr, y.ptr, n) == 0;
+}
+
 // A copy of `bags` (int64 [count]) whose every value indexes one of `num_rows` rows, else
 // ValueError. A copy: the caller reads it with the GIL released, when another thread could
 // rewrite the array after the check.
@@ -319,6 +340,7 @@ void bind_route(py::module_& m) {
         py::arg("num_routes"), py::arg("salt"), py::arg("mean"), py::arg("split") = true,
         py::arg("order") = true);
 
+  m.def("same_bytes", &same_bytes, py::arg("a"), py::arg("b"));
   m.def("gather_rows", &gather_rows_of, py::arg("rows"), py::arg("bags"));
   m.def("reduce_partials", &reduce_partials_of, py::arg("tables"));
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _padding, _sharded, metrics
+from embstore import _arrays, _core, _padding, _sharded, metrics
 from embstore.checkpoint import CheckpointError
 from embstore.errors import ShardLostError
 from embstore.ray import _pool, _stats
@@ -40,30 +40,42 @@ _RESTORE = ("fail", "checkpoint")
 class _Forward:
     """What the client keeps of a training forward for one table, to recognise its apply:
     copies of its ids, offsets and weights (the caller may rewrite its own arrays in between,
-    a reused loader buffer say) and its split."""
+    a reused loader buffer say), in buffers of the table's that each forward of it reuses
+    (the client keeps only the last forward of a table), and its split."""
 
     __slots__ = ("batch", "code", "plan", "token")
 
-    def __init__(self, token: int, checked: tuple[Any, ...], code: int, plan: _pool.Plan) -> None:
+    def __init__(
+        self,
+        token: int,
+        checked: tuple[Any, ...],
+        code: int,
+        plan: _pool.Plan,
+        buffers: list[np.ndarray],
+    ) -> None:
         self.token = token
         self.code = code
         self.plan = plan
-        self.batch = tuple(a.copy() for a in checked)
+        batch = []
+        for i, a in enumerate(checked):
+            if i == len(buffers):
+                buffers.append(np.empty(0, np.uint8))
+            if buffers[i].nbytes < a.nbytes:  # grown, not reallocated for every batch
+                buffers[i] = np.empty(max(a.nbytes, 2 * buffers[i].nbytes), np.uint8)
+            view = buffers[i][: a.nbytes].view(a.dtype)
+            np.copyto(view, a.reshape(-1).view(a.dtype))
+            batch.append(view)
+        self.batch = tuple(batch)
 
     def matches(self, checked: tuple[Any, ...], code: int) -> bool:
         """Whether an apply's checked entry (keys, offsets, grads[, weights]) is this
         forward's batch, bit for bit, in the same mode."""
         want = self.batch
-        weights = checked[3:]
+        have = (checked[0], checked[1], *checked[3:])
         return (
             code == self.code
-            and len(weights) == len(want) - 2
-            and np.array_equal(checked[0], want[0])
-            and np.array_equal(checked[1], want[1])
-            and all(
-                np.array_equal(w.view(np.uint32), v.view(np.uint32))
-                for w, v in zip(weights, want[2:], strict=True)
-            )
+            and len(have) == len(want)
+            and all(_core.same_bytes(a, b) for a, b in zip(have, want, strict=True))
         )
 
 
@@ -164,6 +176,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._tokens = itertools.count((client << TOKEN_BITS) + 1)
         self._pending: OrderedDict[int, set[str]] = OrderedDict()
         self._forwards: dict[str, _Forward] = {}
+        self._kept: dict[str, list[np.ndarray]] = {}  # each table's buffers for _Forward
         self._lost: ShardLostError | None = None
         self._fail_stop = restore == "fail"  # a lost shard stops the store until restore()
         self._unwaited: list[ApplyHandle] = []
@@ -330,7 +343,8 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         outs = self._reduce(names, plans, checked, answers, code == 1, exact)
         if insert:
             for name, plan, c in zip(names, plans, checked, strict=True):
-                self._forwards[name] = _Forward(token, c, code, plan)
+                buffers = self._kept.setdefault(name, [])
+                self._forwards[name] = _Forward(token, c, code, plan, buffers)
             if names:
                 self._keep_forward(token, names)
         layers = self._layers
