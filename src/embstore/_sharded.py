@@ -201,6 +201,22 @@ def read_body(directory: str) -> dict[str, Any] | None:
     return body if body.get("format") == FORMAT else None
 
 
+def manifest_key(body: dict[str, Any]) -> tuple[Any, ...]:
+    """What tells one committed sharded checkpoint from another in the same directory: its
+    shard directories and delta directories (each save names new ones)."""
+    return (tuple(body["shards"]), tuple(tuple(d) for d in body.get("deltas", [])))
+
+
+def committed_step(directory: str | None) -> int | None:
+    """The step of the checkpoint committed in ``directory``, or None (none there)."""
+    if directory is None or not os.path.exists(os.path.join(directory, MANIFEST)):
+        return None
+    try:
+        return open_source(directory).step
+    except CheckpointError:
+        return None
+
+
 def save_delta_files(group: Mapping[str, Table], directory: str) -> None:
     """One shard's ``save_delta``: each table's delta in ``directory``, named by DELTA.json
     (written last, atomically)."""

@@ -17,6 +17,7 @@ __all__ = [
     "check",
     "parts_of",
     "pool_in_order",
+    "pooled",
     "reduce_partials",
     "route",
     "shard_grads",
@@ -124,6 +125,40 @@ def reduce_partials(tables: Sequence[tuple[int, int, list[tuple[Any, F32]]]]) ->
             ]
         )
     )
+
+
+def pooled(
+    names: Sequence[str],
+    plans: Sequence[Plan],
+    checked: Sequence[tuple[Any, ...]],
+    answers: Sequence[tuple[Any, Any]],
+    dims: dict[str, int],
+    *,
+    mean: bool,
+    exact: bool,
+) -> dict[str, F32]:
+    """Each table's pooled result from the shards' ``answers`` to a lookup of the
+    ``checked`` batches split by ``plans``: rows pooled in the core's order (``exact``: the
+    shards sent each id's row), else every table's partial sums added in one C++ call."""
+    if exact:
+        outs = {}
+        for name, plan, c in zip(names, plans, checked, strict=True):
+            rows = np.empty((c[0].shape[0], dims[name]), dtype=np.float32)
+            for shard, (parts, _) in enumerate(answers):
+                k0, k1 = int(plan.key_start[shard]), int(plan.key_start[shard + 1])
+                rows[plan.order[k0:k1]] = parts[name]
+            weights = c[2] if len(c) == 3 else None
+            outs[name] = pool_in_order(rows, c[1], weights, mean)
+        return outs
+    tables = []
+    for name, plan, c in zip(names, plans, checked, strict=True):
+        num_bags = c[1].shape[0] - 1
+        tables.append((num_bags, dims[name], parts_of(plan, name, num_bags, answers)))
+    sums = reduce_partials(tables)
+    if mean:
+        for out, c in zip(sums, checked, strict=True):
+            divide_by_counts(out, c[1])
+    return dict(zip(names, sums, strict=True))
 
 
 def divide_by_counts(out: F32, offsets: npt.NDArray[np.int64]) -> None:

@@ -14,18 +14,18 @@ import math
 import os
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from embstore import _arrays, _core, _padding, _sharded, metrics
+from embstore import _arrays, _padding, _sharded, metrics
 from embstore.checkpoint import CheckpointError
 from embstore.errors import ShardLostError
 from embstore.ray import _pool, _stats
-from embstore.ray.shard import MAX_PENDING, TOKEN_BITS
+from embstore.ray._forwards import Forwards
+from embstore.ray.shard import TOKEN_BITS
 from embstore.spec import TableSpec
 
 if TYPE_CHECKING:  # typing.Self needs Python 3.11; annotations are never evaluated at run time
@@ -35,48 +35,6 @@ __all__ = ["ApplyHandle", "ShardedTableGroup"]
 
 _BACKENDS = ("local", "ray")
 _RESTORE = ("fail", "checkpoint")
-
-
-class _Forward:
-    """What the client keeps of a training forward for one table, to recognise its apply:
-    copies of its ids, offsets and weights (the caller may rewrite its own arrays in between,
-    a reused loader buffer say), in buffers of the table's that each forward of it reuses
-    (the client keeps only the last forward of a table), and its split."""
-
-    __slots__ = ("batch", "code", "plan", "token")
-
-    def __init__(
-        self,
-        token: int,
-        checked: tuple[Any, ...],
-        code: int,
-        plan: _pool.Plan,
-        buffers: list[np.ndarray],
-    ) -> None:
-        self.token = token
-        self.code = code
-        self.plan = plan
-        batch = []
-        for i, a in enumerate(checked):
-            if i == len(buffers):
-                buffers.append(np.empty(0, np.uint8))
-            if buffers[i].nbytes < a.nbytes:  # grown, not reallocated for every batch
-                buffers[i] = np.empty(max(a.nbytes, 2 * buffers[i].nbytes), np.uint8)
-            view = buffers[i][: a.nbytes].view(a.dtype)
-            np.copyto(view, a.reshape(-1).view(a.dtype))
-            batch.append(view)
-        self.batch = tuple(batch)
-
-    def matches(self, checked: tuple[Any, ...], code: int) -> bool:
-        """Whether an apply's checked entry (keys, offsets, grads[, weights]) is this
-        forward's batch, bit for bit, in the same mode."""
-        want = self.batch
-        have = (checked[0], checked[1], *checked[3:])
-        return (
-            code == self.code
-            and len(have) == len(want)
-            and all(_core.same_bytes(a, b) for a, b in zip(have, want, strict=True))
-        )
 
 
 class ApplyHandle:
@@ -139,26 +97,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         _source: _sharded.Source | None = None,
         _backend: Any = None,
     ) -> None:
-        if not isinstance(tables, Mapping):
-            msg = f"tables must be a mapping of name -> TableSpec, got {type(tables).__name__}"
-            raise TypeError(msg)
-        for tname, spec in tables.items():
-            if not isinstance(tname, str):
-                msg = f"table names must be str, got {tname!r}"
-                raise TypeError(msg)
-            if not isinstance(spec, TableSpec):
-                msg = f"tables[{tname!r}] must be an embstore.TableSpec, got {spec!r}"
-                raise TypeError(msg)
-        num_shards = _arrays.positive_int("num_shards", num_shards)
-        if backend not in _BACKENDS:
-            msg = f"backend must be 'local' or 'ray', got {backend!r}"
-            raise ValueError(msg)
-        if restore not in _RESTORE:
-            msg = f"restore must be 'fail' or 'checkpoint', got {restore!r}"
-            raise ValueError(msg)
-        if restore == "checkpoint" and (checkpoint_dir is None or backend != "ray"):
-            msg = "restore='checkpoint' needs backend='ray' and a checkpoint_dir"
-            raise ValueError(msg)
+        num_shards = _checked_options(tables, num_shards, backend, restore, checkpoint_dir)
         self._specs: dict[str, TableSpec] = dict(tables)
         self._names = list(self._specs)
         self._dims = {n: s.dim for n, s in self._specs.items()}
@@ -174,9 +113,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         # shard keeps them (see ShardServer.looked_up).
         client = uuid.uuid4().int >> 64
         self._tokens = itertools.count((client << TOKEN_BITS) + 1)
-        self._pending: OrderedDict[int, set[str]] = OrderedDict()
-        self._forwards: dict[str, _Forward] = {}
-        self._kept: dict[str, list[np.ndarray]] = {}  # each table's buffers for _Forward
+        self._forwards = Forwards()
         self._lost: ShardLostError | None = None
         self._fail_stop = restore == "fail"  # a lost shard stops the store until restore()
         self._unwaited: list[ApplyHandle] = []
@@ -188,7 +125,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._last_checkpoint_step: int | None = None if _source is None else _source.step
         # restore="checkpoint": the step of the checkpoint committed in checkpoint_dir, the
         # one a restarted shard reloads.
-        self._restart_step = _committed_step(self._checkpoint_dir)
+        self._restart_step = _sharded.committed_step(self._checkpoint_dir)
         self._closed = False
         self._layers = _stats.Layers()
         # The directory of the last checkpoint committed by or loaded into this store with
@@ -340,13 +277,9 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
                 self._forget(token)
             raise
         t2 = time.perf_counter_ns()
-        outs = self._reduce(names, plans, checked, answers, code == 1, exact)
+        outs = _pool.pooled(names, plans, checked, answers, self._dims, mean=code == 1, exact=exact)
         if insert:
-            for name, plan, c in zip(names, plans, checked, strict=True):
-                buffers = self._kept.setdefault(name, [])
-                self._forwards[name] = _Forward(token, c, code, plan, buffers)
-            if names:
-                self._keep_forward(token, names)
+            self._forwards.keep(token, names, checked, code, plans)
         layers = self._layers
         layers.record("client.route", t1 - t0)
         layers.record("client.rpc.lookup_sum", t2 - t1)
@@ -354,39 +287,6 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         for _, shard_ns in answers:
             layers.record("shard.lookup_sum", shard_ns)
         return outs
-
-    def _reduce(
-        self,
-        names: list[str],
-        plans: list[_pool.Plan],
-        checked: list[tuple[Any, ...]],
-        answers: list[Any],
-        mean: bool,
-        exact: bool,
-    ) -> dict[str, npt.NDArray[np.float32]]:
-        """Each table's pooled result from the shards' answers: rows pooled in order
-        (``exact``), else the partial sums of every table added in one C++ call."""
-        if exact:
-            outs = {}
-            for name, plan, c in zip(names, plans, checked, strict=True):
-                rows = np.empty((c[0].shape[0], self._dims[name]), dtype=np.float32)
-                for shard, (parts, _) in enumerate(answers):
-                    k0, k1 = int(plan.key_start[shard]), int(plan.key_start[shard + 1])
-                    rows[plan.order[k0:k1]] = parts[name]
-                weights = c[2] if len(c) == 3 else None
-                outs[name] = _pool.pool_in_order(rows, c[1], weights, mean)
-            return outs
-        tables = []
-        for name, plan, c in zip(names, plans, checked, strict=True):
-            num_bags = c[1].shape[0] - 1
-            tables.append(
-                (num_bags, self._dims[name], _pool.parts_of(plan, name, num_bags, answers))
-            )
-        sums = _pool.reduce_partials(tables)
-        if mean:
-            for out, c in zip(sums, checked, strict=True):
-                _pool.divide_by_counts(out, c[1])
-        return dict(zip(names, sums, strict=True))
 
     def apply_gradients(
         self, grads: Mapping[str, tuple[Any, ...]], *, mode: str = "sum", wait: bool = True
@@ -404,15 +304,9 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         t0 = time.perf_counter_ns()
         _pool.check(names, batches, mean=code == 1)
         self._usable()
-        token = self._matching_token(names, checked, code)
+        token, held = self._forwards.take(names, checked, code)
         self._layers.record("client.validate", time.perf_counter_ns() - t0)
-        reroute = [
-            k
-            for k, name in enumerate(names)
-            if token is None or (f := self._forwards.get(name)) is None or f.token != token
-        ]
-        if token is not None:  # the shards consume these tables of the forward
-            self._consume_forward(token, set(names) - {names[k] for k in reroute})
+        reroute = [k for k, name in enumerate(names) if name not in held]
         plans = {}
         if reroute:
             sub = _pool.route(
@@ -423,12 +317,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
                 order=False,
             )
             plans = {names[k]: p for k, p in zip(reroute, sub, strict=True)}
-        split = dict(plans)  # each table's split: its forward's, or the one just made
-        for name in names:
-            fwd = self._forwards.get(name)
-            if fwd is not None and (token is None or fwd.token == token):
-                split.setdefault(name, fwd.plan)
-                del self._forwards[name]
+        split = {**plans, **held}  # each table's split: its forward's, or the one just made
         full = {n: c[2] for n, c in zip(names, checked, strict=True)}
         calls = [
             (
@@ -448,41 +337,6 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         handle.wait()
         return None
 
-    def _matching_token(
-        self, names: list[str], checked: list[tuple[Any, ...]], code: int
-    ) -> int | None:
-        """The step token of the held forward an apply continues: that of the first table
-        whose batch is exactly its forward's; then only that forward's tables match. The
-        others (token None: every table) are routed afresh. Tables whose forward it is but
-        whose batch differs are dropped from the forward here."""
-        token = None
-        differ = []
-        for name, c in zip(names, checked, strict=True):
-            fwd = self._forwards.get(name)
-            if fwd is None or (token is not None and fwd.token != token):
-                continue
-            if fwd.matches(c, code):
-                token = fwd.token
-            else:
-                differ.append(name)
-        for name in differ:  # a table of this forward whose batch differs is routed
-            fwd = self._forwards[name]
-            if token is not None and fwd.token == token:
-                del self._forwards[name]
-        return token
-
-    def _keep_forward(self, token: int, names: list[str]) -> None:
-        """Records a training forward the shards now hold; past MAX_PENDING of this client's,
-        they drop its oldest, and so does the client (its tables' applies are then routed
-        afresh)."""
-        self._pending[token] = set(names)
-        while len(self._pending) > MAX_PENDING:
-            old, tables = self._pending.popitem(last=False)
-            for name in tables:
-                fwd = self._forwards.get(name)
-                if fwd is not None and fwd.token == old:
-                    del self._forwards[name]
-
     def _forget(self, token: int) -> None:
         """Best effort: every shard still alive drops the forward ``token`` (it failed
         somewhere, so this client never applies it and must not count it as held)."""
@@ -491,13 +345,6 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         futures = [(k, self._backend.submit(k, "forget", token)) for k in range(self._num_shards)]
         with contextlib.suppress(Exception):
             self._results(futures, "no")
-
-    def _consume_forward(self, token: int, names: set[str]) -> None:
-        tables = self._pending.get(token)
-        if tables is not None:
-            tables -= names
-            if not tables:
-                del self._pending[token]
 
     # -- management -----------------------------------------------------------------------
     def _broadcast(self, method: str, *args: Any) -> list[Any]:
@@ -619,7 +466,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
                 "there (call save(directory) first)"
             )
             raise CheckpointError(msg)
-        if _manifest_key(body) != self._chain_manifest:
+        if _sharded.manifest_key(body) != self._chain_manifest:
             msg = (
                 f"{directory}: the checkpoint committed there is no longer this store's last "
                 "(another store saved there since): call save(directory)"
@@ -651,7 +498,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         """save_delta continues from the checkpoint committed in ``directory`` now."""
         self._chain_dir = os.path.abspath(directory)
         body = _sharded.read_body(self._chain_dir)
-        self._chain_manifest = None if body is None else _manifest_key(body)
+        self._chain_manifest = None if body is None else _sharded.manifest_key(body)
 
     def _new_dirs(self) -> list[str]:
         save_id = uuid.uuid4().hex
@@ -702,7 +549,6 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
                 e.add_note(f"an apply sent with wait=False before restore() failed: {err!r}")
             raise
         self._forwards.clear()
-        self._pending.clear()
         self._lrs.clear()
         self._lost = None
         self._committed(source.directory, source.step)
@@ -740,20 +586,31 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self.close()
 
 
-def _manifest_key(body: dict[str, Any]) -> tuple[Any, ...]:
-    """What tells one committed sharded checkpoint from another in the same directory: its
-    shard directories and delta directories (each save names new ones)."""
-    return (tuple(body["shards"]), tuple(tuple(d) for d in body.get("deltas", [])))
-
-
-def _committed_step(directory: str | None) -> int | None:
-    """The step of the checkpoint committed in ``directory``, or None (none there)."""
-    if directory is None or not os.path.exists(os.path.join(directory, _sharded.MANIFEST)):
-        return None
-    try:
-        return _sharded.open_source(directory).step
-    except CheckpointError:
-        return None
+def _checked_options(
+    tables: Any, num_shards: Any, backend: Any, restore: Any, checkpoint_dir: Any
+) -> int:
+    """The constructor's arguments checked (errors name them); the shard count."""
+    if not isinstance(tables, Mapping):
+        msg = f"tables must be a mapping of name -> TableSpec, got {type(tables).__name__}"
+        raise TypeError(msg)
+    for tname, spec in tables.items():
+        if not isinstance(tname, str):
+            msg = f"table names must be str, got {tname!r}"
+            raise TypeError(msg)
+        if not isinstance(spec, TableSpec):
+            msg = f"tables[{tname!r}] must be an embstore.TableSpec, got {spec!r}"
+            raise TypeError(msg)
+    shards = _arrays.positive_int("num_shards", num_shards)
+    if backend not in _BACKENDS:
+        msg = f"backend must be 'local' or 'ray', got {backend!r}"
+        raise ValueError(msg)
+    if restore not in _RESTORE:
+        msg = f"restore must be 'fail' or 'checkpoint', got {restore!r}"
+        raise ValueError(msg)
+    if restore == "checkpoint" and (checkpoint_dir is None or backend != "ray"):
+        msg = "restore='checkpoint' needs backend='ray' and a checkpoint_dir"
+        raise ValueError(msg)
+    return shards
 
 
 def _uint64_keys(entry: tuple[Any, ...]) -> tuple[Any, ...]:
