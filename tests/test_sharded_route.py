@@ -317,3 +317,24 @@ def test_same_bytes_compares_whole_buffers() -> None:
     assert not _core.same_bytes(w, -w)  # bits, not values
     with pytest.raises(ValueError, match="not C-contiguous"):
         _core.same_bytes(a[::2], a[:5])
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_route_keeps_copies_of_the_batch_when_asked(weighted: bool) -> None:
+    rng = np.random.default_rng(4)
+    keys = rng.integers(0, 2**63, 5000).astype(np.uint64)  # over 32k ids with 8 tables below
+    off = random_offsets(rng, 5000, 700)
+    w = rng.standard_normal(5000).astype(np.float32) if weighted else None
+    batches = [(keys, off, w, None)] * 8
+    plans = _pool.route([f"t{i}" for i in range(8)], batches, 2, mean=False, keep=True)
+    for plan in plans:
+        k, o, kw = plan.keep
+        np.testing.assert_array_equal(k, keys)
+        np.testing.assert_array_equal(o, off)
+        if weighted:
+            np.testing.assert_array_equal(kw, w)
+        else:
+            assert kw is None
+        assert not np.shares_memory(k, keys)
+    (plain,) = _pool.route(["t"], [(keys, off, w, None)], 2, mean=False)
+    assert plain.keep is None

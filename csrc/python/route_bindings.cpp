@@ -18,6 +18,7 @@
 
 #include "embstore/buffer_pool.hpp"  // BufferPool
 #include "embstore/route.hpp"        // RouteRequest, split_two_routes, reduce_partials_many
+#include "embstore/thread_pool.hpp"  // ThreadPool
 
 #include "python/arrays.hpp"    // new_rows
 #include "python/bindings.hpp"  // bind_* declarations
@@ -130,25 +131,66 @@ SplitArrays split_arrays(size_t num_keys, size_t num_bags, size_t num_offsets, b
 }
 
 // The plan tuple of a split (see route_batches); bags and offsets cut to what it used.
-py::tuple plan_of(const SplitArrays& a, const embstore::RouteCounts& c) {
+py::tuple plan_of(const SplitArrays& a, const embstore::RouteCounts& c, const py::object& kept) {
   const auto head = [](const py::array& v, size_t n) {
     return v.attr("__getitem__")(py::slice(0, static_cast<py::ssize_t>(n), 1));
   };
   return py::make_tuple(a.order, a.keys, a.weights, a.coef, copy_of(c.key_start),
                         head(a.bags, c.num_bags()), copy_of(c.bag_start),
-                        head(a.offsets, c.num_offsets()));
+                        head(a.offsets, c.num_offsets()), kept);
+}
+
+// Copies of every request's keys, offsets and weights (None if it has none), in the output
+// pool, as a tuple per request: the sharded client keeps them to recognise the apply of a
+// training forward (the caller may rewrite its own arrays meanwhile). Copied on the pool
+// with the GIL released, while the split's reads have the keys in cache.
+std::vector<py::object> copies_of(const std::vector<embstore::RouteRequest>& requests,
+                                  size_t workers) {
+  const size_t R = requests.size();
+  std::vector<py::array_t<uint64_t>> keys(R);
+  std::vector<py::array_t<int64_t>> offsets(R);
+  std::vector<py::object> weights(R, py::none());
+  std::vector<float*> w(R, nullptr);
+  for (size_t k = 0; k < R; ++k) {
+    keys[k] = pooled_array<uint64_t>(requests[k].n);
+    offsets[k] = pooled_array<int64_t>(requests[k].num_bags + 1);
+    if (requests[k].weights != nullptr) {
+      auto a = pooled_array<float>(requests[k].n);
+      w[k] = a.mutable_data();
+      weights[k] = std::move(a);
+    }
+  }
+  std::vector<uint64_t*> kd(R);
+  std::vector<int64_t*> od(R);
+  for (size_t k = 0; k < R; ++k) {
+    kd[k] = keys[k].mutable_data();
+    od[k] = offsets[k].mutable_data();
+  }
+  {
+    py::gil_scoped_release release;
+    embstore::ThreadPool::global().run(R, workers, [&](size_t k) {
+      const embstore::RouteRequest& r = requests[k];
+      std::copy(r.keys, r.keys + r.n, kd[k]);
+      std::copy(r.offsets, r.offsets + r.num_bags + 1, od[k]);
+      if (w[k] != nullptr) std::copy(r.weights, r.weights + r.n, w[k]);
+    });
+  }
+  std::vector<py::object> out;
+  out.reserve(R);
+  for (size_t k = 0; k < R; ++k) out.push_back(py::make_tuple(keys[k], offsets[k], weights[k]));
+  return out;
 }
 
 // Validates every batch as a group call would (the first error, in order), then splits each
 // by route. Returns per batch (order | None, keys, weights | None, coef | None, key_start,
-// bags, bag_start, offsets): see embstore::RoutePlan; `order` only when asked for (only an
-// exact lookup reads it). The list holds the arrays alive meanwhile. Without `split`: the
-// checks only, and None.
+// bags, bag_start, offsets, kept | None): see embstore::RoutePlan; `order` only when asked
+// for (only an exact lookup reads it); `kept` (copies_of) with `keep`. The list holds the
+// arrays alive meanwhile. Without `split`: the checks only, and None.
 // Two routes with bags of several ids take one pass into outputs of the largest size
 // (split_two_routes); others count first, then scatter into outputs of the exact size.
 py::object route_batches(const py::list& batches, const std::vector<std::string>& labels,
-                         uint32_t num_routes, uint64_t salt, bool mean, bool split,
-                         bool with_order) {
+                         uint32_t num_routes, uint64_t salt, bool mean, bool split, bool with_order,
+                         bool keep) {
   if (num_routes == 0) throw py::value_error("num_routes must be positive");
   const py::list held = batches;  // a reference: its tuples outlive the released GIL
   const std::vector<embstore::RouteRequest> requests = requests_of(held, labels);
@@ -190,7 +232,9 @@ py::object route_batches(const py::list& batches, const std::vector<std::string>
     embstore::fill_routes_many(requests, route.data(), counts, outputs, workers);
   }
   py::list out;
-  for (size_t k = 0; k < R; ++k) out.append(plan_of(arrays[k], counts[k]));
+  const std::vector<py::object> kept =
+      keep ? copies_of(requests, workers) : std::vector<py::object>(R, py::none());
+  for (size_t k = 0; k < R; ++k) out.append(plan_of(arrays[k], counts[k], kept[k]));
   return std::move(out);
 }
 
@@ -338,7 +382,7 @@ void bind_route(py::module_& m) {
   // route_batches, gather_rows, reduce_partials, route_ids: see the functions above.
   m.def("route_batches", &route_batches, py::arg("batches"), py::arg("labels"),
         py::arg("num_routes"), py::arg("salt"), py::arg("mean"), py::arg("split") = true,
-        py::arg("order") = true);
+        py::arg("order") = true, py::arg("keep") = false);
 
   m.def("same_bytes", &same_bytes, py::arg("a"), py::arg("b"));
   m.def("gather_rows", &gather_rows_of, py::arg("rows"), py::arg("bags"));

@@ -248,6 +248,7 @@ def route_batches(
     mean: bool,
     split: bool = True,
     order: bool = True,
+    keep: bool = False,
 ) -> list[tuple[Any, ...]] | None: ...
 def same_bytes(a: Any, b: Any) -> bool: ...
 def gather_rows(

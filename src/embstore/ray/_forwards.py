@@ -1,15 +1,13 @@
 """The sharded client's record of its training forwards: which the shards still hold (so
-that an apply ships only bag gradients), and copies of each table's last forward batch (so
-that an apply is recognised as that forward's only when its ids, offsets and weights are
-the same, bit for bit)."""
+that an apply ships only bag gradients), and each table's last forward with copies of its
+batch (so that an apply is recognised as that forward's only when its ids, offsets and
+weights are the same, bit for bit)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
 
 from embstore import _core
 from embstore.ray import _pool
@@ -19,42 +17,28 @@ __all__ = ["Forwards"]
 
 
 class _Forward:
-    """One table's last training forward: its step token, mode, split, and copies of its
-    ids, offsets and weights (the caller may rewrite its own arrays in between, a reused
-    loader buffer say) in buffers of the table's that each of its forwards reuses."""
+    """One table's last training forward: its step token, mode and split, whose ``keep``
+    holds copies of its ids, offsets and weights (made by the route: the caller may rewrite
+    its own arrays in between, a reused loader buffer say)."""
 
-    __slots__ = ("batch", "code", "plan", "token")
+    __slots__ = ("code", "plan", "token")
 
-    def __init__(
-        self,
-        token: int,
-        checked: tuple[Any, ...],
-        code: int,
-        plan: _pool.Plan,
-        buffers: list[np.ndarray],
-    ) -> None:
+    def __init__(self, token: int, code: int, plan: _pool.Plan) -> None:
         self.token = token
         self.code = code
         self.plan = plan
-        batch = []
-        for i, a in enumerate(checked):
-            if i == len(buffers):
-                buffers.append(np.empty(0, np.uint8))
-            if buffers[i].nbytes < a.nbytes:  # grown, not reallocated for every batch
-                buffers[i] = np.empty(max(a.nbytes, 2 * buffers[i].nbytes), np.uint8)
-            view = buffers[i][: a.nbytes].view(a.dtype)
-            np.copyto(view, a.reshape(-1))
-            batch.append(view)
-        self.batch = tuple(batch)
 
     def matches(self, checked: tuple[Any, ...], code: int) -> bool:
         """Whether an apply's checked entry (keys, offsets, grads[, weights]) is this
         forward's batch, bit for bit, in the same mode."""
-        have = (checked[0], checked[1], *checked[3:])
+        keys, offsets, weights = self.plan.keep
+        w = checked[3] if len(checked) == 4 else None
         return (
             code == self.code
-            and len(have) == len(self.batch)
-            and all(_core.same_bytes(a, b) for a, b in zip(have, self.batch, strict=True))
+            and (w is None) == (weights is None)
+            and _core.same_bytes(checked[0], keys)
+            and _core.same_bytes(checked[1], offsets)
+            and (w is None or _core.same_bytes(w, weights))
         )
 
 
@@ -66,23 +50,15 @@ class Forwards:
     def __init__(self) -> None:
         self._last: dict[str, _Forward] = {}
         self._held: OrderedDict[int, set[str]] = OrderedDict()
-        self._buffers: dict[str, list[np.ndarray]] = {}
 
-    def keep(
-        self,
-        token: int,
-        names: list[str],
-        checked: Sequence[tuple[Any, ...]],
-        code: int,
-        plans: Sequence[_pool.Plan],
-    ) -> None:
-        """A training forward the shards now hold. Past MAX_PENDING they drop the oldest,
-        and so does this record (its tables' applies are then routed afresh)."""
+    def keep(self, token: int, names: list[str], code: int, plans: Sequence[_pool.Plan]) -> None:
+        """A training forward the shards now hold (``plans`` routed with ``keep``). Past
+        MAX_PENDING they drop the oldest, and so does this record (its tables' applies are
+        then routed afresh)."""
         if not names:
             return  # the shards keep nothing for an empty forward either
-        for name, c, plan in zip(names, checked, plans, strict=True):
-            buffers = self._buffers.setdefault(name, [])
-            self._last[name] = _Forward(token, c, code, plan, buffers)
+        for name, plan in zip(names, plans, strict=True):
+            self._last[name] = _Forward(token, code, plan)
         self._held[token] = set(names)
         while len(self._held) > MAX_PENDING:
             old, tables = self._held.popitem(last=False)

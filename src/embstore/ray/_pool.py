@@ -27,12 +27,14 @@ F32 = npt.NDArray[np.float32]
 
 
 class Plan:
-    """One table's batch split by shard (see ``embstore::RoutePlan``)."""
+    """One table's batch split by shard (see ``embstore::RoutePlan``), and (``keep``)
+    copies of the batch's keys, offsets and weights when the route was asked to keep them."""
 
     __slots__ = (
         "bag_start",
         "bags",
         "coef",
+        "keep",
         "key_start",
         "keys",
         "offsets",
@@ -50,6 +52,7 @@ class Plan:
             self.bags,
             self.bag_start,
             self.offsets,
+            self.keep,
         ) = arrays
 
     def part(self, shard: int) -> tuple[Any, ...]:
@@ -69,12 +72,15 @@ def route(
     *,
     mean: bool,
     order: bool = True,
+    keep: bool = False,
 ) -> list[Plan]:
     """Validates ``batches`` ((keys, offsets, weights | None, grads | None) per table) as a
     group call does, then splits each by shard, in one GIL-released C++ pass. ``order``:
     whether the plans keep each id's position in its batch (``Plan.order``; only an exact
-    lookup needs it), else ``Plan.order`` is None."""
-    out = _core.route_batches(list(batches), list(names), num_shards, SALT, mean, True, order)
+    lookup needs it), else ``Plan.order`` is None. ``keep``: ``Plan.keep`` holds copies of
+    the batch's keys, offsets and weights (None for no weights), made in the same call, else
+    ``Plan.keep`` is None."""
+    out = _core.route_batches(list(batches), list(names), num_shards, SALT, mean, True, order, keep)
     return [Plan(a) for a in out or ()]
 
 

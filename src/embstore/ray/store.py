@@ -255,7 +255,9 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         self._usable()
         t0 = time.perf_counter_ns()
         batches = [(c[0], c[1], c[2] if len(c) == 3 else None, None) for c in checked]
-        plans = _pool.route(names, batches, self._num_shards, mean=code == 1, order=exact)
+        plans = _pool.route(
+            names, batches, self._num_shards, mean=code == 1, order=exact, keep=insert
+        )
         token = next(self._tokens)
         t1 = time.perf_counter_ns()
         calls = [
@@ -279,7 +281,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         t2 = time.perf_counter_ns()
         outs = _pool.pooled(names, plans, checked, answers, self._dims, mean=code == 1, exact=exact)
         if insert:
-            self._forwards.keep(token, names, checked, code, plans)
+            self._forwards.keep(token, names, code, plans)
         layers = self._layers
         layers.record("client.route", t1 - t0)
         layers.record("client.rpc.lookup_sum", t2 - t1)
