@@ -9,6 +9,7 @@ C++ core, also before anything changes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -260,3 +261,27 @@ def positive_int(name: str, value: Any) -> int:
         msg = f"{name} must be positive, got {value}"
         raise ValueError(msg)
     return int(value)
+
+
+def learning_rate(lr: Any) -> float:
+    """Return ``lr`` as a positive finite float, or raise ValueError naming it."""
+    rate = float(lr)
+    if not math.isfinite(rate) or rate <= 0.0:
+        msg = f"lr must be a positive finite number, got {rate!r}"
+        raise ValueError(msg)
+    return rate
+
+
+def check_tables(tables: Any, kind: type, got: Callable[[Any], str]) -> None:
+    """Check a group's ``tables`` argument: a mapping of str -> ``kind``; a TypeError names
+    the argument (``got`` describes a value of another kind)."""
+    if not isinstance(tables, Mapping):
+        msg = f"tables must be a mapping of name -> {kind.__name__}, got {type(tables).__name__}"
+        raise TypeError(msg)
+    for name, value in tables.items():
+        if not isinstance(name, str):
+            msg = f"table names must be str, got {name!r}"
+            raise TypeError(msg)
+        if not isinstance(value, kind):
+            msg = f"tables[{name!r}] must be an embstore.{kind.__name__}, got {got(value)}"
+            raise TypeError(msg)

@@ -48,16 +48,7 @@ class TableGroup(Mapping[str, Table]):
     """
 
     def __init__(self, tables: Mapping[str, Table]) -> None:
-        if not isinstance(tables, Mapping):
-            msg = f"tables must be a mapping of name -> Table, got {type(tables).__name__}"
-            raise TypeError(msg)
-        for name, table in tables.items():
-            if not isinstance(name, str):
-                msg = f"table names must be str, got {name!r}"
-                raise TypeError(msg)
-            if not isinstance(table, Table):
-                msg = f"tables[{name!r}] must be an embstore.Table, got {type(table).__name__}"
-                raise TypeError(msg)
+        _arrays.check_tables(tables, Table, lambda t: type(t).__name__)
         self._tables: dict[str, Table] = dict(tables)
         self._states = {name: table._internals() for name, table in self._tables.items()}
         # Tables with a padding id: their batches lose it before the core call.

@@ -7,7 +7,6 @@ Exact semantics: ``docs/semantics.md``.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -202,10 +201,7 @@ class Table:
         A call already running uses one learning rate for its whole batch.
         """
         impl = self._live()
-        lr = float(lr)
-        if not math.isfinite(lr) or lr <= 0.0:
-            msg = f"lr must be a positive finite number, got {lr!r}"
-            raise ValueError(msg)
+        lr = _arrays.learning_rate(lr)
         impl.set_lr(lr)
         self._state.set_optimizer(with_learning_rate(self._state.spec.optimizer, lr))
 

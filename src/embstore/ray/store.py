@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import os
 import time
 import uuid
@@ -376,10 +375,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
         was built with. A shard Ray restarts takes it again at its next training call;
         :meth:`restore` rolls the rates back to the checkpoint's (call this again after)."""
         self._dim(name)
-        lr = float(lr)
-        if not math.isfinite(lr) or lr <= 0.0:
-            msg = f"lr must be a positive finite number, got {lr!r}"
-            raise ValueError(msg)
+        lr = _arrays.learning_rate(lr)
         self._broadcast("set_lr", name, lr)
         self._lrs[name] = lr  # each training call carries them (a restarted shard takes them)
 
@@ -592,16 +588,7 @@ def _checked_options(
     tables: Any, num_shards: Any, backend: Any, restore: Any, checkpoint_dir: Any
 ) -> int:
     """The constructor's arguments checked (errors name them); the shard count."""
-    if not isinstance(tables, Mapping):
-        msg = f"tables must be a mapping of name -> TableSpec, got {type(tables).__name__}"
-        raise TypeError(msg)
-    for tname, spec in tables.items():
-        if not isinstance(tname, str):
-            msg = f"table names must be str, got {tname!r}"
-            raise TypeError(msg)
-        if not isinstance(spec, TableSpec):
-            msg = f"tables[{tname!r}] must be an embstore.TableSpec, got {spec!r}"
-            raise TypeError(msg)
+    _arrays.check_tables(tables, TableSpec, repr)
     shards = _arrays.positive_int("num_shards", num_shards)
     if backend not in _BACKENDS:
         msg = f"backend must be 'local' or 'ray', got {backend!r}"
