@@ -8,7 +8,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from embstore import _core
+from embstore import _core, metrics
 
 __all__ = ["Layers", "merge", "raw_buckets"]
 
@@ -26,14 +26,11 @@ def raw_buckets(tables: dict[str, Any]) -> dict[str, dict[str, _core.HistogramSn
     return out
 
 
-def _summaries(
-    hists: dict[str, list[_core.HistogramSnapshot]],
-) -> dict[str, dict[str, float]]:
-    """timer -> summary of its parts added together; timers nothing recorded are left out."""
-    empty = _core.HistogramSnapshot()
+def _summaries(hists: dict[str, _core.HistogramSnapshot]) -> dict[str, dict[str, float]]:
+    """timer -> summary of its histogram; timers nothing recorded are left out."""
     out = {}
-    for timer, parts in sorted(hists.items()):
-        summary = dict(_core.summarize_histograms(empty, _core.merge_histograms(parts)))
+    for timer, snap in sorted(hists.items()):
+        summary = metrics.summarize_histogram(snap)
         if summary["count"]:
             out[timer] = summary
     return out
@@ -58,7 +55,7 @@ class Layers:
             return {n: h.snapshot() for n, h in self._hists.items()}
 
     def summaries(self) -> dict[str, dict[str, float]]:
-        return _summaries({n: [snap] for n, snap in self.snapshots().items()})
+        return _summaries(self.snapshots())
 
 
 def merge(per_shard: Sequence[dict[str, Any]], layers: Layers) -> dict[str, Any]:
@@ -81,18 +78,16 @@ def merge(per_shard: Sequence[dict[str, Any]], layers: Layers) -> dict[str, Any]
         for name, timers in shard_stats["raw"].items():
             for timer, snap in timers.items():
                 hists.setdefault(name, {}).setdefault(timer, []).append(snap)
+    merged = {
+        name: {t: metrics.merge_histograms(parts) for t, parts in timers.items()}
+        for name, timers in hists.items()
+    }
     for name, acc in tables.items():
-        acc["latency"] = _summaries(hists.get(name, {}))
+        acc["latency"] = _summaries(merged.get(name, {}))
     client = layers.snapshots()
     return {
         "tables": tables,
-        "client": _summaries({n: [snap] for n, snap in client.items()}),
+        "client": _summaries(client),
         "shards": [s["tables"] for s in per_shard],
-        "raw": {
-            "tables": {
-                name: {t: _core.merge_histograms(parts) for t, parts in timers.items()}
-                for name, timers in hists.items()
-            },
-            "client": client,
-        },
+        "raw": {"tables": merged, "client": client},
     }
