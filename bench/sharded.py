@@ -8,15 +8,19 @@ threads: isolates routing and reduce), (c) 2 Ray actors with 1 thread each. Each
 with the same ids in the same order; rows are verified against (a) (pooled outputs with
 ``exact=True`` and the updated rows, bit for bit) before timing. Reports step P50/P99, CPU
 ms per step summed over every process of the run (the Ray daemons and actors included),
-and the sharded store's layers (P50 of each ``stats()["client"]`` histogram).
+and the sharded store's layers (P50 of each ``stats()["client"]`` histogram). Then, with
+(c) closed, (a) alternates with (t): Ray's transport alone, (c)'s messages to two actors
+that do no work (``bench/ray_transport.py``), the floor Ray sets under (c).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -127,30 +131,12 @@ def run(pooling: int, args: argparse.Namespace) -> None:
     for s in stores.values():  # layer histograms of the timed steps only
         if isinstance(s, ShardedTableGroup):
             s._layers = type(s._layers)()
-    times: dict[str, list[float]] = {n: [] for n in stores}
-    cpu: dict[str, float] = dict.fromkeys(stores, 0.0)
-    i = 3
-    for _ in range(args.steps // args.block):
-        for name, s in stores.items():
-            c0 = _descendant_cpu_s(os.getpid())
-            for _ in range(args.block):
-                t0 = time.perf_counter()
-                _step(s, w, i)
-                times[name].append(time.perf_counter() - t0)
-                i += 1
-            cpu[name] += _descendant_cpu_s(os.getpid()) - c0
-    a50 = statistics.median(times["a"])
     print(
         f"W1 D=32 B=2048 T=8 U={args.universe} L={pooling}: {args.steps} steps each, "
         f"blocks of {args.block} alternating; load {os.getloadavg()[0]:.1f}"
     )
-    for name, ts in times.items():
-        ms = sorted(t * 1e3 for t in ts)
-        p50, p99 = statistics.median(ms), ms[min(len(ms) - 1, int(0.99 * len(ms)))]
-        print(
-            f"  ({name}) step P50 {p50:6.2f} ms  P99 {p99:6.2f} ms  x{p50 / a50 / 1e3:4.2f} of (a)"
-            f"  CPU {cpu[name] / len(ts) * 1e3:6.2f} ms/step"
-        )
+    steps = {n: functools.partial(_step, s, w) for n, s in stores.items()}
+    _report(_alternate(steps, args))
     for name, s in stores.items():
         if isinstance(s, ShardedTableGroup):
             layers = s.stats()["client"]
@@ -159,6 +145,48 @@ def run(pooling: int, args: argparse.Namespace) -> None:
     for s in stores.values():
         if isinstance(s, ShardedTableGroup):
             s.close()
+    if not args.no_ray:
+        # After (c) is closed: its actors poll their channels even when idle.
+        from ray_transport import Transport
+
+        transport = Transport(w)
+        try:
+            print("  Ray's transport alone ((t): (c)'s messages, shards that do no work):")
+            _report(_alternate({"a": steps["a"], "t": transport.step}, args))
+        finally:
+            transport.close()
+
+
+def _alternate(
+    steps: dict[str, Callable[[int], Any]], args: argparse.Namespace
+) -> dict[str, tuple[list[float], float]]:
+    """Each of ``steps`` in blocks of ``args.block`` steps in turn, ``args.steps`` steps
+    each: per name, every step's time (s) and the CPU seconds of its blocks over every
+    process of the run."""
+    times: dict[str, list[float]] = {n: [] for n in steps}
+    cpu: dict[str, float] = dict.fromkeys(steps, 0.0)
+    i = 3
+    for _ in range(args.steps // args.block):
+        for name, step in steps.items():
+            c0 = _descendant_cpu_s(os.getpid())
+            for _ in range(args.block):
+                t0 = time.perf_counter()
+                step(i)
+                times[name].append(time.perf_counter() - t0)
+                i += 1
+            cpu[name] += _descendant_cpu_s(os.getpid()) - c0
+    return {n: (times[n], cpu[n]) for n in steps}
+
+
+def _report(measured: dict[str, tuple[list[float], float]]) -> None:
+    a50 = statistics.median(measured["a"][0])
+    for name, (ts, cpu) in measured.items():
+        ms = sorted(t * 1e3 for t in ts)
+        p50, p99 = statistics.median(ms), ms[min(len(ms) - 1, int(0.99 * len(ms)))]
+        print(
+            f"  ({name}) step P50 {p50:6.2f} ms  P99 {p99:6.2f} ms  x{p50 / a50 / 1e3:4.2f} of (a)"
+            f"  CPU {cpu / len(ts) * 1e3:6.2f} ms/step"
+        )
 
 
 def main() -> None:
