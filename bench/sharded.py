@@ -1,6 +1,7 @@
 """W1 through the sharded store: in-process TableGroup vs backend="local" vs Ray actors.
 
-``PYTHONPATH=src python bench/sharded.py [--universe U] [--steps N] [--pooling 8 1]``
+``PYTHONPATH=src python bench/sharded.py [--universe U] [--steps N] [--pooling 8 1] [--json F]``;
+``--table F [F ...]`` prints docs/ray.md's table from runs written by ``--json``.
 
 Configurations, in one run, alternating in blocks of steps: (a) the in-process TableGroup
 (2 threads per table), (b) ``ShardedTableGroup(backend="local", num_shards=2)`` (same
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import statistics
 import time
@@ -28,6 +30,7 @@ import numpy as np
 import embstore
 from embstore._sharded import build_shard
 from embstore.bench import make_tables, make_workload
+from embstore.bench.env import environment
 from embstore.ray import ShardedTableGroup, TableSpec
 
 WARM_CHUNK = 1 << 16
@@ -107,7 +110,8 @@ def _verify(stores: dict[str, Any], w: Any) -> None:
             assert np.array_equal(got[f"t{t}"], want), f"({name}) rows of t{t}"
 
 
-def run(pooling: int, args: argparse.Namespace) -> None:
+def run(pooling: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Runs and prints one pooling's configurations; returns them as the JSON records."""
     w = make_workload(
         num_tables=8,
         universe=args.universe,
@@ -131,16 +135,19 @@ def run(pooling: int, args: argparse.Namespace) -> None:
     for s in stores.values():  # layer histograms of the timed steps only
         if isinstance(s, ShardedTableGroup):
             s._layers = type(s._layers)()
+    load = os.getloadavg()[0]
     print(
         f"W1 D=32 B=2048 T=8 U={args.universe} L={pooling}: {args.steps} steps each, "
-        f"blocks of {args.block} alternating; load {os.getloadavg()[0]:.1f}"
+        f"blocks of {args.block} alternating; load {load:.1f}"
     )
     steps = {n: functools.partial(_step, s, w) for n, s in stores.items()}
-    _report(_alternate(steps, args))
+    record: dict[str, Any] = {"pooling": pooling, "load": load, "layers": {}, "transport": None}
+    record["configs"] = _report(_alternate(steps, args))
     for name, s in stores.items():
         if isinstance(s, ShardedTableGroup):
-            layers = s.stats()["client"]
-            text = "  ".join(f"{k} {v['p50_us'] / 1e3:.2f}" for k, v in sorted(layers.items()))
+            layers = {k: v["p50_us"] / 1e3 for k, v in sorted(s.stats()["client"].items())}
+            record["layers"][name] = layers
+            text = "  ".join(f"{k} {v:.2f}" for k, v in layers.items())
             print(f"  ({name}) layers P50 ms: {text}")
     for s in stores.values():
         if isinstance(s, ShardedTableGroup):
@@ -152,9 +159,10 @@ def run(pooling: int, args: argparse.Namespace) -> None:
         transport = Transport(w)
         try:
             print("  Ray's transport alone ((t): (c)'s messages, shards that do no work):")
-            _report(_alternate({"a": steps["a"], "t": transport.step}, args))
+            record["transport"] = _report(_alternate({"a": steps["a"], "t": transport.step}, args))
         finally:
             transport.close()
+    return record
 
 
 def _alternate(
@@ -178,15 +186,68 @@ def _alternate(
     return {n: (times[n], cpu[n]) for n in steps}
 
 
-def _report(measured: dict[str, tuple[list[float], float]]) -> None:
-    a50 = statistics.median(measured["a"][0])
+def _report(measured: dict[str, tuple[list[float], float]]) -> dict[str, dict[str, float]]:
+    """Prints each configuration's step P50/P99, ratio to (a) and CPU per step; returns them
+    by name (milliseconds)."""
+    out = {}
     for name, (ts, cpu) in measured.items():
         ms = sorted(t * 1e3 for t in ts)
-        p50, p99 = statistics.median(ms), ms[min(len(ms) - 1, int(0.99 * len(ms)))]
+        out[name] = {
+            "p50_ms": statistics.median(ms),
+            "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
+            "cpu_ms": cpu / len(ts) * 1e3,
+        }
+    for name, r in out.items():
+        r["ratio"] = r["p50_ms"] / out["a"]["p50_ms"]
         print(
-            f"  ({name}) step P50 {p50:6.2f} ms  P99 {p99:6.2f} ms  x{p50 / a50 / 1e3:4.2f} of (a)"
-            f"  CPU {cpu / len(ts) * 1e3:6.2f} ms/step"
+            f"  ({name}) step P50 {r['p50_ms']:6.2f} ms  P99 {r['p99_ms']:6.2f} ms"
+            f"  x{r['ratio']:4.2f} of (a)  CPU {r['cpu_ms']:6.2f} ms/step"
         )
+    return out
+
+
+#: The table's rows: (config, label), in order; (t)'s ratio is to the (a) it alternated with.
+ROWS = [
+    ("a", "(a) in-process TableGroup, 2 threads"),
+    ("b", '(b) `backend="local"`, 2 shards'),
+    ("c", "(c) 2 Ray actors x 1 thread"),
+    ("t", "(t) Ray's transport alone"),
+]
+
+
+def table(paths: list[str]) -> str:
+    """The markdown table of docs/ray.md from runs written by ``--json``: per pooling and
+    configuration, each run's step P50, ratio to (a) and CPU per step (ms for (a), else
+    the ratio to (a)'s), runs separated by commas."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append({r["pooling"]: r for r in json.load(f)["runs"]})
+    lines = [
+        "| L | config | step P50 (ms) | ratio to (a) | CPU per step, ratio to (a) |",
+        "|---|---|---|---|---|",
+    ]
+    for pooling in sorted({p for r in runs for p in r}, reverse=True):
+        for name, label in ROWS:
+            cells: list[list[str]] = [[], [], []]
+            for run_ in runs:
+                rec = run_.get(pooling)
+                conf = None if rec is None else rec["transport" if name == "t" else "configs"]
+                if not conf or name not in conf:
+                    continue
+                r, a = conf[name], conf["a"]
+                cells[0].append(f"{r['p50_ms']:.2f}")
+                cells[1].append(f"{r['ratio']:.2f}")
+                if name != "t":
+                    cpu = r["cpu_ms"] if name == "a" else r["cpu_ms"] / a["cpu_ms"]
+                    cells[2].append(f"{cpu:.1f}" if name == "a" else f"{cpu:.2f}")
+            if cells[0]:
+                cpu_text = ", ".join(cells[2]) + (" ms" if name == "a" else "")
+                lines.append(
+                    f"| {pooling} | {label} | {', '.join(cells[0])} | {', '.join(cells[1])} "
+                    f"| {cpu_text if cells[2] else ''} |"
+                )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -197,7 +258,14 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=20)
     p.add_argument("--pooling", type=int, nargs="+", default=[8, 1])
     p.add_argument("--no-ray", action="store_true")
+    p.add_argument("--json", metavar="PATH", help="also write the measurements here")
+    p.add_argument(
+        "--table", metavar="JSON", nargs="+", help="print docs/ray.md's table from these runs"
+    )
     args = p.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
     if not args.no_ray:
         import ray
 
@@ -210,11 +278,14 @@ def main() -> None:
             runtime_env={"env_vars": {"PYTHONPATH": src}},
         )
     try:
-        for pooling in args.pooling:
-            run(pooling, args)
+        runs = [run(pooling, args) for pooling in args.pooling]
     finally:
         if not args.no_ray:
             ray.shutdown()
+    if args.json:
+        report = {"environment": environment(), "args": vars(args), "runs": runs}
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":

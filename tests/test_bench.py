@@ -663,6 +663,25 @@ def test_readme_performance_table_is_what_the_generator_prints() -> None:
     )
 
 
+def test_ray_doc_sharded_table_is_what_the_bench_prints() -> None:
+    import importlib.util
+
+    text = (REPO / "docs" / "ray.md").read_text()
+    marker = "<!-- generated: PYTHONPATH=src python bench/sharded.py --table "
+    start = text.index(marker) + len(marker)
+    files = text[start : text.index(" -->", start)].split()
+    assert files, "docs/ray.md names no run"
+    spec = importlib.util.spec_from_file_location("bench_sharded", REPO / "bench" / "sharded.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = module.table([str(REPO / f) for f in files])
+    assert text.index(table) == text.index("-->", start) + len("-->\n"), (
+        "docs/ray.md's sharded table is out of date: regenerate it with the command above it"
+    )
+
+
 def test_markdown_flag_writes_the_page(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from embstore.bench.cli import main
 
