@@ -8,7 +8,8 @@ See ``docs/ray.md``.
 from __future__ import annotations
 
 from embstore.errors import ShardLostError, StaleStepError
-from embstore.ray.store import ApplyHandle, ShardedTableGroup
+from embstore.ray._handle import ApplyHandle
+from embstore.ray.store import ShardedTableGroup
 from embstore.spec import TableSpec
 
 __all__ = ["ApplyHandle", "ShardLostError", "ShardedTableGroup", "StaleStepError", "TableSpec"]

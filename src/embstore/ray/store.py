@@ -24,38 +24,17 @@ from embstore.checkpoint import CheckpointError
 from embstore.errors import ShardLostError
 from embstore.ray import _pool, _stats
 from embstore.ray._forwards import Forwards
+from embstore.ray._handle import ApplyHandle
 from embstore.ray.shard import TOKEN_BITS
 from embstore.spec import TableSpec
 
 if TYPE_CHECKING:  # typing.Self needs Python 3.11; annotations are never evaluated at run time
     from typing_extensions import Self
 
-__all__ = ["ApplyHandle", "ShardedTableGroup"]
+__all__ = ["ShardedTableGroup"]
 
 _BACKENDS = ("local", "ray")
 _RESTORE = ("fail", "checkpoint")
-
-
-class ApplyHandle:
-    """An apply submitted with ``wait=False``; :meth:`wait` returns once every shard applied
-    it (and raises what the apply raised). Later calls on the store see the update anyway;
-    the next call on the store waits for it if :meth:`wait` was not called, and raises its
-    error then."""
-
-    def __init__(self, store: ShardedTableGroup, futures: list[tuple[int, Any]]) -> None:
-        self._store = store
-        self._futures = futures
-        self._submitted = time.perf_counter_ns()
-
-    def wait(self) -> None:
-        futures, self._futures = self._futures, []
-        if not futures:
-            return
-        shard_ns = self._store._results(futures, "unknown")
-        layers = self._store._layers
-        layers.record("client.rpc.apply", time.perf_counter_ns() - self._submitted)
-        for ns in shard_ns:
-            layers.record("shard.apply", ns)
 
 
 class ShardedTableGroup(Mapping[str, TableSpec]):
@@ -331,7 +310,7 @@ class ShardedTableGroup(Mapping[str, TableSpec]):
             for shard in range(self._num_shards)
         ]
         futures = list(enumerate(self._backend.submit_all("apply", calls)))
-        handle = ApplyHandle(self, futures)
+        handle = ApplyHandle(self._results, self._layers, futures)
         if not wait:
             self._unwaited.append(handle)
             return handle
