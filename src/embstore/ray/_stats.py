@@ -54,9 +54,6 @@ class Layers:
         with self._lock:
             return {n: h.snapshot() for n, h in self._hists.items()}
 
-    def summaries(self) -> dict[str, dict[str, float]]:
-        return _summaries(self.snapshots())
-
 
 def merge(per_shard: Sequence[dict[str, Any]], layers: Layers) -> dict[str, Any]:
     """``{"tables": {name: summed counters + merged "latency"}, "client": {layer: summary},
