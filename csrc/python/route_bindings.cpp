@@ -150,21 +150,19 @@ std::vector<py::object> copies_of(const std::vector<embstore::RouteRequest>& req
   std::vector<py::array_t<uint64_t>> keys(R);
   std::vector<py::array_t<int64_t>> offsets(R);
   std::vector<py::object> weights(R, py::none());
+  std::vector<uint64_t*> kd(R);
+  std::vector<int64_t*> od(R);
   std::vector<float*> w(R, nullptr);
   for (size_t k = 0; k < R; ++k) {
     keys[k] = pooled_array<uint64_t>(requests[k].n);
+    kd[k] = keys[k].mutable_data();
     offsets[k] = pooled_array<int64_t>(requests[k].num_bags + 1);
+    od[k] = offsets[k].mutable_data();
     if (requests[k].weights != nullptr) {
       auto a = pooled_array<float>(requests[k].n);
       w[k] = a.mutable_data();
       weights[k] = std::move(a);
     }
-  }
-  std::vector<uint64_t*> kd(R);
-  std::vector<int64_t*> od(R);
-  for (size_t k = 0; k < R; ++k) {
-    kd[k] = keys[k].mutable_data();
-    od[k] = offsets[k].mutable_data();
   }
   {
     py::gil_scoped_release release;
