@@ -17,6 +17,7 @@ import ray
 from ray.dag import InputNode, MultiOutputNode
 
 from embstore.ray import _pool
+from embstore.ray._ray_backend import _owned
 
 #: Untimed steps after compiling.
 WARMUP = 5
@@ -35,11 +36,8 @@ class _Echo:
         method, args = request
         if method != "lookup":
             return "echo", None, None, time.monotonic_ns()
-        parts = {
-            n: tuple(np.array(a) if a is not None else None for a in p) for n, p in args[1].items()
-        }
         outs = {}
-        for name, (_, offsets, _, _) in parts.items():
+        for name, (_, offsets, _, _) in _owned(args)[1].items():
             key = (name, offsets.shape[0] - 1)
             if key not in self._sums:
                 self._sums[key] = np.zeros((key[1], self._dim), dtype=np.float32)
