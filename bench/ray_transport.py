@@ -17,6 +17,7 @@ import ray
 from ray.dag import InputNode, MultiOutputNode
 
 from embstore.ray import _pool
+from embstore.ray._compiled import TIMEOUT_S
 from embstore.ray._ray_backend import _owned
 
 #: Untimed steps after compiling.
@@ -71,16 +72,25 @@ class Transport:
         self._actors = [_Echo.remote(w.dim) for _ in range(num_shards)]
         with InputNode() as inp:
             dag = MultiOutputNode([a.step.bind(inp[k]) for k, a in enumerate(self._actors)])
-        self._dag = dag.experimental_compile(_submit_timeout=300.0)
+        self._dag = dag.experimental_compile(_submit_timeout=TIMEOUT_S)
         for i in range(WARMUP):  # a graph's first executions take seconds
             self.step(i)
 
-    def step(self, i: int) -> None:
+    def step(self, i: int) -> list[dict[str, tuple[int, ...]]]:
+        """Batch ``i``'s lookup, then its apply; per shard, the shape of each table's partial
+        sums it answered (shapes only: an answer views the channel's buffer until dropped)."""
         lookups, applies = self._requests[i % len(self._requests)]
-        for requests in (lookups, applies):
-            refs = self._dag.execute(*requests)
-            for ref in refs if isinstance(refs, list) else [refs]:
-                ref.get(timeout=300.0)
+        shapes = [{n: a.shape for n, a in v[1][0].items()} for v in self._execute(lookups)]
+        self._execute(applies)
+        return shapes
+
+    def requests(self, i: int) -> tuple[list[Any], list[Any]]:
+        """Batch ``i``'s requests, one per shard: (lookups, applies)."""
+        return self._requests[i % len(self._requests)]
+
+    def _execute(self, requests: list[Any]) -> list[Any]:
+        refs = self._dag.execute(*requests)
+        return [ref.get(timeout=TIMEOUT_S) for ref in (refs if isinstance(refs, list) else [refs])]
 
     def close(self) -> None:
         self._dag.teardown()

@@ -369,3 +369,50 @@ def test_a_checkpoint_that_does_not_load_raises_at_load_and_restore(
             want = ref.lookup_sum(feats, insert=False, exact=True)
         for n in want:
             np.testing.assert_array_equal(out[n], want[n])
+
+
+def test_transport_bench_answers_as_the_shards_do(cluster: None) -> None:
+    """bench/sharded.py's (t) bounds (c) by Ray's transport alone only if it moves (c)'s
+    messages: for the same routed requests, its echo actors answer partial sums of the
+    shapes the shards themselves return (every bag at L=4, a shard's own bags at L=1)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from embstore.bench import make_tables, make_workload
+    from embstore.ray import TableSpec
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "ray_transport.py"
+    spec = importlib.util.spec_from_file_location("ray_transport", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ray_transport"] = module  # the actors get its classes by value
+    spec.loader.exec_module(module)
+    ray.cloudpickle.register_pickle_by_value(module)
+    for pooling in (1, 4):
+        w = make_workload(
+            num_tables=2,
+            universe=5000,
+            batch_size=64,
+            pooling=pooling,
+            dim=8,
+            num_batches=2,
+            tables=make_tables(2, 5000),
+        )
+        sp = {f"t{t.index}": TableSpec(dim=8, capacity=5000) for t in w.tables}
+        transport = module.Transport(w)
+        try:
+            echoed = transport.step(1)
+            lookups, _ = transport.requests(1)
+        finally:
+            transport.close()
+        with ShardedTableGroup(sp, num_shards=2, backend="local") as store:
+            for shard, (_, args) in enumerate(lookups):
+                outs, _ = store._backend.servers[shard].lookup(args[0], args[1], True, False)
+                assert echoed[shard] == {n: a.shape for n, a in outs.items()}
+                bags = {a.shape[0] for a in outs.values()}
+                if pooling == 4:
+                    assert bags == {64}
+                else:
+                    assert max(bags) < 64
